@@ -1,0 +1,716 @@
+"""The node agent's supervisor: one TaskGroup owning every loop, ordered start and stop.
+
+Start-up order: open the GPU backend on its worker thread -> discover GPUs -> check write
+privilege (unless observe-only) -> restore a baseline left by a crash -> save the baseline
+-> load the policy -> start MQTT and the loops -> tell systemd READY=1.
+
+Tasks (all under ``aiokit.guard``): ``mqtt`` (connect loop, outlives the rest so the final
+status goes out), ``sampler`` (10 Hz reads), ``controller`` (engine decision and actuation,
+woken by each tick, each accepted control message and each policy change), ``publisher``
+(one telemetry message per interval), ``listener`` (control and priority assignment),
+``policy_watcher`` (file changes and SIGHUP), ``watchdog`` (systemd, fed only while the
+controller makes progress).
+
+Shutdown order: stop the loops -> restore the original settings or keep the caps, as the
+policy says (shielded, bounded by ``agent.stop_timeout_s``) -> publish the final state and
+an ``offline`` status, flush (bounded) -> close the GPU backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from polca import __version__
+from polca.agent.actuator import Actuator, ApplyResult
+from polca.agent.baseline import Baseline, BaselineStore
+from polca.agent.control import ControlTracker
+from polca.agent.sdnotify import SystemdNotifier, WatchdogGate
+from polca.agent.window import TelemetryWindow
+from polca.aiokit import guard
+from polca.errors import FatalError, GpuError, GpuLostError, PolicyError
+from polca.gpu.backend import GpuBackend, GpuInfo, GpuSample
+from polca.gpu.threaded import ThreadedGpu
+from polca.policy import (
+    ControlInput,
+    Decision,
+    EngineState,
+    GpuTarget,
+    GpuView,
+    LoadedPolicy,
+    PolicyStore,
+    decide,
+)
+from polca.settings import Settings
+from polca.telemetry.bus import InMessage, MqttBus, OutMessage
+from polca.telemetry.schema import (
+    AgentHealth,
+    Assignment,
+    Control,
+    Event,
+    GpuCaps,
+    SchemaError,
+    State,
+    Status,
+    Telemetry,
+    decode,
+    encode,
+)
+from polca.telemetry.topics import NodeAddress, Topics
+
+LOST_RETRY_S = 10.0
+
+
+class _StopRequestedError(Exception):
+    """Raised inside the TaskGroup to end it when a stop was requested."""
+
+
+@dataclass(slots=True)
+class _Counters:
+    ticks: int = 0
+    tick_durations_s: list[float] = field(default_factory=list)
+    control_rejected: int = 0
+    messages_rejected: int = 0
+    seq: int = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def tick_p99_ms(self) -> float | None:
+        if not self.tick_durations_s:
+            return None
+        ordered = sorted(self.tick_durations_s)
+        return round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3)
+
+
+class Agent:
+    """One node agent process (construct, then ``await run()``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        backend: GpuBackend,
+        policy_store: PolicyStore,
+        notifier: SystemdNotifier | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.policy_store = policy_store
+        self.notifier = notifier or SystemdNotifier()
+        self.clock_ns = clock_ns
+        t = settings.topics
+        self.addr = NodeAddress(t.site, t.row, t.rack, t.node)
+        self.topics = Topics(t.root)
+        self.log = structlog.get_logger().bind(node=t.node)
+        self.gpu = ThreadedGpu(backend, call_timeout_s=settings.gpu.call_timeout_s)
+        self.tracker = ControlTracker(row=t.row, rack=t.rack)
+        self.gate = WatchdogGate()
+        self.reload_requested = asyncio.Event()
+        self.stop_requested = asyncio.Event()
+        self.counters = _Counters()
+        self.infos: dict[int, GpuInfo] = {}
+        self.latest: dict[int, GpuSample] = {}
+        # Samples taken since the last write: only these can show that something else
+        # changed a limit (older ones may predate polca's own write).
+        self.fresh: dict[int, GpuSample] = {}
+        self.lost: dict[int, float] = {}  # index -> loop time of the last attempt
+        self.runtime_classes: dict[str, str] = {}  # uuid or index -> class (MQTT assignment)
+        self.engine_state = EngineState()
+        self.decision: Decision | None = None
+        self.last_targets: tuple[GpuTarget, ...] = ()
+        self.last_outcome_errors: dict[int, str] = {}
+        self.baseline: Baseline | None = None
+        self.baseline_store = BaselineStore(settings.agent.state_dir)
+        self.actuator: Actuator | None = None
+        self.wrote = False
+        self.started_ns = clock_ns()
+        self.grace_until_ns = self.started_ns + int(settings.agent.startup_grace_s * 1e9)
+        self._wake = asyncio.Event()
+        self.window: TelemetryWindow | None = None
+        self.bus: MqttBus | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def policy(self) -> LoadedPolicy:
+        """The policy in force (the last good one)."""
+        current = self.policy_store.current
+        if current is None:
+            msg = "no valid policy loaded"
+            raise FatalError(msg)
+        return current
+
+    async def run(self) -> None:
+        """Start, run until ``stop_requested`` is set, then shut down in order."""
+        await self.gpu.start()
+        try:
+            await self._startup()
+            await self._supervise()
+        finally:
+            await self._close_gpu()
+
+    async def _startup(self) -> None:
+        infos = await self.gpu.discover()
+        self.infos = {info.index: info for info in infos}
+        for info in infos:
+            self.log.info(
+                "gpu_discovered", gpu=info.index, uuid=info.uuid, name=info.name,
+                sm_clock_max_mhz=info.sm_clock_max_mhz,
+                power_limit_default_mw=info.power_limit_default_mw,
+            )
+        self.window = TelemetryWindow(dict(self.infos))
+        observe = self.settings.agent.observe_only
+        if not observe:
+            await self.gpu.check_write_access()
+        samples = await self._sample_once()
+        self.actuator = Actuator(self.backend, dict(self.infos), reassert=self.settings.agent.reassert)
+        self.actuator.adopt(list(samples.values()))
+        if not observe:
+            await self._adopt_baseline(samples)
+        if self.policy_store.current is None:
+            result = self.policy_store.reload()
+            if self.policy_store.current is None:
+                problems = "; ".join(result.errors) if result.errors else "unknown error"
+                msg = f"policy {self.settings.agent.policy_file} is invalid: {problems}"
+                raise PolicyError(msg, problems=tuple(result.errors))
+        self.log.info(
+            "policy_loaded", policy=self.policy.policy.name, revision=self.policy.revision,
+            path=str(self.policy.path),
+        )
+
+    async def _adopt_baseline(self, samples: dict[int, GpuSample]) -> None:
+        assert self.actuator is not None  # noqa: S101 - set by _startup
+        existing = self.baseline_store.load()
+        if existing is not None and not existing.kept:
+            # The last run died without restoring: put the originals back first.
+            result = await self.gpu.run(partial(self.actuator.restore, existing, force_unlock=True))
+            self.log.warning(
+                "baseline_restored_after_crash", path=str(self.baseline_store.path),
+                restored=len(result.by_action("applied")), failed=len(result.by_action("failed")),
+            )
+            self.baseline = existing
+        elif existing is not None:
+            self.log.info("baseline_reused", path=str(self.baseline_store.path))
+            self.baseline = Baseline(existing.gpus, existing.saved_ns, kept=False)
+        else:
+            self.baseline = Baseline.capture(list(self.infos.values()), list(samples.values()))
+        # Saved before the first write (and re-saved as not "kept" after a kept stop).
+        self.baseline_store.save(self.baseline)
+
+    async def _supervise(self) -> None:
+        self.bus = self._make_bus()
+        self.notifier.ready(self._status_line())
+        async with asyncio.TaskGroup() as outer:
+            # Not guarded: run() returns by design once close() has said goodbye.
+            bus_task = outer.create_task(self.bus.run(), name="mqtt")
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for name, coro in (
+                        ("sampler", self._sampler()),
+                        ("controller", self._controller()),
+                        ("publisher", self._publisher()),
+                        ("listener", self._listener()),
+                        ("policy_watcher", self._policy_watcher()),
+                        ("sighup", self._sighup()),
+                        ("watchdog", self._watchdog()),
+                    ):
+                        tg.create_task(guard(name, coro), name=name)
+                    tg.create_task(self._stopper(), name="stopper")
+            except* _StopRequestedError:
+                self.log.info("agent_stopping")
+            finally:
+                await asyncio.shield(self._shutdown())
+                bus_task.cancel()
+
+    async def _stopper(self) -> None:
+        await self.stop_requested.wait()
+        raise _StopRequestedError
+
+    async def _shutdown(self) -> None:
+        """Restore or keep caps, publish the final state and status; bounded."""
+        self.notifier.stopping()
+        reason = "stopped"
+        if self.actuator is not None and not self.settings.agent.observe_only:
+            on_stop = self.policy_store.current.policy.on_stop if self.policy_store.current else "restore"
+            try:
+                async with asyncio.timeout(self.settings.agent.stop_timeout_s):
+                    if on_stop == "restore":
+                        result = await self.gpu.run(partial(self.actuator.restore, self.baseline))
+                        failed = result.by_action("failed")
+                        if not failed:
+                            self.baseline_store.remove()
+                        self.log.info("gpu_settings_restored", restored=len(result.by_action("applied")),
+                                      failed=len(failed))
+                    elif self.baseline is not None:
+                        kept = Baseline(self.baseline.gpus, self.baseline.saved_ns, kept=True)
+                        self.baseline_store.save(kept)
+                        self.log.info("gpu_caps_kept", path=str(self.baseline_store.path))
+            except TimeoutError:
+                self.log.error("restore_timed_out", timeout_s=self.settings.agent.stop_timeout_s,
+                               baseline=str(self.baseline_store.path))
+                reason = "stopped; restore timed out"
+        if self.bus is not None:
+            final = [self._status_message("offline", reason=reason)]
+            try:
+                async with asyncio.timeout(2.0):
+                    await self.bus.close(final=final)
+            except TimeoutError:
+                self.log.warning("final_status_not_sent")
+
+    async def _close_gpu(self) -> None:
+        try:
+            async with asyncio.timeout(self.settings.agent.stop_timeout_s):
+                await self.gpu.aclose()
+        except TimeoutError:
+            self.log.error("gpu_close_timed_out")
+
+    # ------------------------------------------------------------------ MQTT
+
+    def _make_bus(self) -> MqttBus:
+        t = self.settings.topics
+        client_id = self.settings.mqtt.client_id or f"polca-agent-{t.node}"
+        will = OutMessage(
+            self.topics.node(self.addr, "status"),
+            encode(self._status("offline", reason="connection lost")),
+            qos=1,
+            retain=True,
+        )
+        subscriptions = [
+            (self.topics.row_control(t.site, t.row), 1),
+            (self.topics.rack_control(t.site, t.row, t.rack), 1),
+            (self.topics.node(self.addr, "assign"), 1),
+        ]
+        return MqttBus(
+            self.settings.mqtt,
+            client_id=client_id,
+            will=will,
+            subscriptions=subscriptions,
+            birth=lambda: [self._status_message("online"), self._state_message()],
+        )
+
+    def _status(self, state: str, *, reason: str | None = None) -> Status:
+        current = self.policy_store.current
+        return Status(
+            ts_ns=self.clock_ns(),
+            state=state,  # type: ignore[arg-type]
+            node=self.addr.node,
+            agent_version=__version__,
+            backend=self.settings.gpu.backend,
+            gpu_count=len(self.infos),
+            observe_only=self.settings.agent.observe_only,
+            policy_name=current.policy.name if current else None,
+            policy_revision=current.revision if current else None,
+            started_ns=self.started_ns,
+            reason=reason,
+        )
+
+    def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
+        return OutMessage(
+            self.topics.node(self.addr, "status"), encode(self._status(state, reason=reason)),
+            qos=1, retain=True,
+        )
+
+    def _state_message(self) -> OutMessage:
+        decision = self.decision
+        lease = self.tracker.current(self.clock_ns())
+        gpus = []
+        for target in self.last_targets:
+            limit = target.power_limit_mw
+            gpus.append(
+                GpuCaps(
+                    index=target.index, uuid=target.uuid, priority_class=target.priority_class,
+                    sm_clock_max_mhz=target.sm_clock_max_mhz,
+                    power_limit_w=None if limit is None else limit / 1000.0,
+                    reasons=target.reasons,
+                    applied=not self.settings.agent.observe_only
+                    and target.index not in self.last_outcome_errors,
+                    error=self.last_outcome_errors.get(target.index),
+                )
+            )
+        state = State(
+            ts_ns=self.clock_ns(),
+            seq=self.counters.next_seq(),
+            node=self.addr.node,
+            level=decision.level if decision else 0,
+            fail_safe=decision.fail_safe if decision else False,
+            observe_only=self.settings.agent.observe_only,
+            lease_expires_ns=lease.expires_ns if lease else None,
+            control_seq=lease.control.seq if lease else None,
+            policy_revision=self.policy_store.current.revision if self.policy_store.current else None,
+            gpus=tuple(gpus),
+        )
+        return OutMessage(self.topics.node(self.addr, "state"), encode(state), qos=1, retain=True)
+
+    def _event(self, name: str, *, gpu: int | None = None, **detail: Any) -> None:
+        uuid = self.infos[gpu].uuid if gpu is not None and gpu in self.infos else None
+        event = Event(
+            ts_ns=self.clock_ns(), seq=self.counters.next_seq(), node=self.addr.node,
+            event=name, gpu=gpu, uuid=uuid, detail=detail,
+        )
+        if self.bus is not None:
+            self.bus.publish_nowait(
+                OutMessage(self.topics.node(self.addr, "events"), encode(event), qos=1)
+            )
+
+    def _status_line(self) -> str:
+        decision = self.decision
+        level = decision.level if decision else 0
+        mode = "fail-safe" if decision and decision.fail_safe else f"level {level}"
+        lost = f", {len(self.lost)} lost" if self.lost else ""
+        return f"{len(self.infos)} GPUs{lost}, {mode}, policy {self.policy.revision}"
+
+    # ------------------------------------------------------------------ loops
+
+    async def _sample_once(self) -> dict[int, GpuSample]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        indices = [
+            i for i in self.infos if i not in self.lost or now - self.lost[i] >= LOST_RETRY_S
+        ]
+        results = await self.gpu.sample_all(indices)
+        samples: dict[int, GpuSample] = {}
+        for index, result in zip(indices, results, strict=True):
+            if isinstance(result, GpuSample):
+                samples[index] = result
+                if index in self.lost:
+                    del self.lost[index]
+                    self.log.warning("gpu_recovered", gpu=index)
+                    self._event("gpu_recovered", gpu=index)
+            elif isinstance(result, GpuLostError):
+                self._mark_lost(index, str(result), now)
+            else:
+                self.log.warning("gpu_sample_failed", gpu=index, error=str(result))
+        return samples
+
+    def _mark_lost(self, index: int, error: str, now: float) -> None:
+        if index not in self.lost:
+            self.log.error("gpu_lost", gpu=index, uuid=self.infos[index].uuid, error=error)
+            self._event("gpu_lost", gpu=index, error=error)
+        self.lost[index] = now
+
+    async def _sampler(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.settings.agent.sample_interval_s
+        next_t = loop.time()
+        while True:
+            await self.tick()
+            next_t += interval
+            delay = next_t - loop.time()
+            if delay < 0:  # fell behind: skip missed ticks rather than burst
+                next_t = loop.time()
+                delay = 0
+            await asyncio.sleep(delay)
+
+    async def tick(self) -> None:
+        """One sampling tick: read every GPU, then wake the controller."""
+        start = time.perf_counter()
+        samples = await self._sample_once()
+        self.latest.update(samples)
+        self.fresh.update(samples)
+        assert self.window is not None  # noqa: S101 - set in _startup
+        for sample in samples.values():
+            self.window.add(sample)
+        self.counters.ticks += 1
+        durations = self.counters.tick_durations_s
+        durations.append(time.perf_counter() - start)
+        if len(durations) > 1000:
+            del durations[:500]
+        self._wake.set()
+
+    async def _controller(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.control_step()
+            self.gate.beat()
+
+    def _control_input(self, now_ns: int) -> ControlInput | None:
+        lease = self.tracker.current(now_ns)
+        if lease is not None:
+            source = f"{lease.control.scope}:{lease.control.issuer}#{lease.control.seq}"
+            return ControlInput(lease.control.level, lease.expires_ns, source=source)
+        if now_ns < self.grace_until_ns:
+            # No controller heard from yet: nominal during the start-up grace period.
+            return ControlInput(0, self.grace_until_ns, source="startup_grace")
+        return None
+
+    def _views(self) -> list[GpuView]:
+        views = []
+        for index, info in sorted(self.infos.items()):
+            if index in self.lost:
+                continue
+            sample = self.latest.get(index)
+            cls = self.runtime_classes.get(info.uuid) or self.runtime_classes.get(str(index))
+            supported = info.supported_sm_clocks_mhz
+            views.append(
+                GpuView(
+                    index=index,
+                    uuid=info.uuid,
+                    priority_class=cls,
+                    gpu_temp_c=sample.gpu_temp_c if sample else None,
+                    mem_temp_c=sample.mem_temp_c if sample else None,
+                    sm_clock_max_mhz=info.sm_clock_max_mhz,
+                    sm_clock_min_mhz=min(supported) if supported else None,
+                    power_limit_min_mw=info.power_limit_min_mw,
+                    power_limit_max_mw=info.power_limit_max_mw,
+                    power_limit_default_mw=info.power_limit_default_mw,
+                )
+            )
+        return views
+
+    async def control_step(self) -> ApplyResult | None:
+        """Decide the caps for now and apply what changed; returns the apply outcome."""
+        now_ns = self.clock_ns()
+        previous = self.decision
+        decision = decide(
+            self._views(), policy=self.policy.policy, control=self._control_input(now_ns),
+            state=self.engine_state, now_ns=now_ns,
+        )
+        self.engine_state = decision.state
+        self.decision = decision
+        changed = decision.targets != self.last_targets
+        if previous is None or decision.fail_safe != previous.fail_safe:
+            if decision.fail_safe:
+                self.log.warning("fail_safe_entered", reasons=_first_reasons(decision))
+                self._event("fail_safe_entered")
+            elif previous is not None:
+                self.log.info("fail_safe_left", level=decision.level)
+                self._event("fail_safe_left", level=decision.level)
+        if previous is not None and decision.level != previous.level:
+            self.log.info("level_changed", old=previous.level, new=decision.level)
+        self.last_targets = decision.targets
+        result = None
+        if not self.settings.agent.observe_only:
+            result = await self._actuate(decision)
+        if changed or (result is not None and any(o.action != "unchanged" for o in result.outcomes)):
+            if self.bus is not None:
+                self.bus.publish_nowait(self._state_message())
+            self.notifier.status(self._status_line())
+        return result
+
+    async def _actuate(self, decision: Decision) -> ApplyResult | None:
+        actuator = self.actuator
+        assert actuator is not None  # noqa: S101 - set in _startup
+        samples = {i: s for i, s in self.fresh.items() if i not in self.lost}
+        if not actuator.pending(decision.targets, baseline=self.baseline, samples=samples):
+            return None
+        result = await self.gpu.run(
+            partial(actuator.apply, decision.targets, baseline=self.baseline, samples=samples)
+        )
+        self.fresh.clear()
+        self.wrote = True
+        targets = {t.index: t for t in decision.targets}
+        now = asyncio.get_running_loop().time()
+        for outcome in result.outcomes:
+            target = targets[outcome.index]
+            if outcome.action in ("applied", "reasserted"):
+                self.last_outcome_errors.pop(outcome.index, None)
+                self.log.info(
+                    "cap_reasserted" if outcome.action == "reasserted" else "cap_applied",
+                    gpu=outcome.index, changes=list(outcome.changes),
+                    sm_clock_max_mhz=target.sm_clock_max_mhz, power_limit_mw=target.power_limit_mw,
+                    enforced_power_limit_mw=outcome.enforced_power_limit_mw,
+                    reasons=list(target.reasons), policy=self.policy.revision,
+                )
+                self._event(
+                    "cap_reasserted" if outcome.action == "reasserted" else "cap_changed",
+                    gpu=outcome.index, changes=list(outcome.changes), reasons=list(target.reasons),
+                )
+            elif outcome.action == "lost":
+                self._mark_lost(outcome.index, outcome.error or "lost", now)
+            elif outcome.action == "failed":
+                if self.last_outcome_errors.get(outcome.index) != outcome.error:
+                    self.log.error("cap_failed", gpu=outcome.index, error=outcome.error)
+                    self._event("cap_failed", gpu=outcome.index, error=outcome.error)
+                self.last_outcome_errors[outcome.index] = outcome.error or "failed"
+        return result
+
+    async def _publisher(self) -> None:
+        interval = self.settings.agent.publish_interval_s
+        loop = asyncio.get_running_loop()
+        next_t = loop.time() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_t - loop.time()))
+            next_t = max(next_t + interval, loop.time())
+            self.publish_telemetry()
+
+    def publish_telemetry(self) -> Telemetry:
+        """Build and queue one telemetry message from the samples since the last one."""
+        assert self.window is not None  # noqa: S101 - set in _startup
+        classes = {t.index: t.priority_class for t in self.last_targets}
+        locks = {}
+        if self.actuator is not None:
+            for index, setting in self.actuator.applied.items():
+                locks[index] = setting.sm_clocks_mhz[1] if setting.sm_clocks_mhz else None
+        records, power_w, energy_j = self.window.drain(
+            classes=classes, lost=set(self.lost), locks=locks
+        )
+        bus_stats = self.bus.stats if self.bus is not None else None
+        gpu_stats = self.gpu.stats()
+        decision = self.decision
+        message = Telemetry(
+            ts_ns=self.clock_ns(),
+            seq=self.counters.next_seq(),
+            node=self.addr.node,
+            interval_s=self.settings.agent.publish_interval_s,
+            node_gpu_power_w=power_w,
+            node_energy_delta_j=energy_j,
+            level=decision.level if decision else 0,
+            fail_safe=decision.fail_safe if decision else False,
+            gpus=tuple(records),
+            health=AgentHealth(
+                ticks=self.counters.ticks,
+                tick_p99_ms=self.counters.tick_p99_ms(),
+                gpu_call_p99_ms=round(gpu_stats["latency_p99_s"] * 1000, 3)
+                if gpu_stats.get("latency_p99_s") is not None
+                else None,
+                outbox_dropped=bus_stats.outbox_dropped if bus_stats else 0,
+                inbox_dropped=bus_stats.inbox_dropped if bus_stats else 0,
+                control_rejected=self.tracker.rejected + self.counters.messages_rejected,
+                reconnects=max(0, bus_stats.connects - 1) if bus_stats else 0,
+            ),
+        )
+        if self.bus is not None:
+            self.bus.publish_nowait(
+                OutMessage(self.topics.node(self.addr, "telemetry"), encode(message), qos=0)
+            )
+        return message
+
+    async def _listener(self) -> None:
+        assert self.bus is not None  # noqa: S101 - set before the loops start
+        while True:
+            message = await self.bus.get()
+            self.handle_message(message)
+
+    def handle_message(self, message: InMessage) -> None:
+        """Act on one received control or assignment message; count and drop bad ones."""
+        t = self.settings.topics
+        try:
+            if message.topic in (
+                self.topics.row_control(t.site, t.row),
+                self.topics.rack_control(t.site, t.row, t.rack),
+            ):
+                control = decode(message.payload, Control)
+                assert isinstance(control, Control)  # noqa: S101 - decode checked the kind
+                self._on_control(control, message.received_ns)
+            elif message.topic == self.topics.node(self.addr, "assign"):
+                if not message.payload:
+                    self.runtime_classes = {}  # retained assignment cleared
+                    self._wake.set()
+                    return
+                assignment = decode(message.payload, Assignment)
+                assert isinstance(assignment, Assignment)  # noqa: S101
+                self._on_assignment(assignment)
+            else:
+                self._reject(message.topic, "unexpected topic")
+        except SchemaError as exc:
+            self._reject(message.topic, str(exc))
+
+    def _reject(self, topic: str, error: str) -> None:
+        self.counters.messages_rejected += 1
+        self.log.warning("message_rejected", topic=topic, error=error,
+                         rejected=self.counters.messages_rejected)
+
+    def _on_control(self, control: Control, received_ns: int) -> None:
+        before = self.tracker.current(received_ns)
+        verdict = self.tracker.offer(control, received_ns=received_ns)
+        if verdict in ("accepted", "observed"):
+            # Lease renewals at an unchanged level are routine: debug only.
+            routine = before is not None and before.control.level == control.level
+            (self.log.debug if routine else self.log.info)(
+                "control_accepted" if verdict == "accepted" else "control_observed",
+                scope=control.scope, level=control.level, seq=control.seq,
+                issuer=control.issuer, lease_expires_ns=control.lease_expires_ns,
+            )
+            self._wake.set()
+        else:
+            self.log.warning("control_ignored", verdict=verdict, scope=control.scope,
+                             seq=control.seq, issuer=control.issuer)
+
+    def _on_assignment(self, assignment: Assignment) -> None:
+        declared = set(self.policy.policy.classes)
+        unknown = sorted(set(assignment.classes.values()) - declared)
+        if unknown:
+            self._reject("assign", f"unknown priority classes {unknown}; policy declares {sorted(declared)}")
+            return
+        self.runtime_classes = dict(assignment.classes)
+        self.log.info("priority_assigned", classes=self.runtime_classes)
+        self._wake.set()
+
+    async def _policy_watcher(self) -> None:
+        import watchfiles  # noqa: PLC0415 - a Rust extension, loaded only by the agent
+
+        path = self.settings.agent.policy_file
+        debounce_ms = max(50, int(self.settings.agent.policy_reload_debounce_s * 1000))
+        # Watch the directory: editors and config management replace files by rename.
+        async for _changes in watchfiles.awatch(
+            path.parent,
+            debounce=debounce_ms,
+            step=50,
+            watch_filter=lambda _change, changed: Path(changed).name == path.name,
+            recursive=False,
+        ):
+            self.reload_policy(trigger="file_changed")
+        msg = "the policy file watcher ended"
+        raise RuntimeError(msg)
+
+    async def _sighup(self) -> None:
+        while True:
+            await self.reload_requested.wait()
+            self.reload_requested.clear()
+            self.reload_policy(trigger="sighup")
+
+    def reload_policy(self, *, trigger: str) -> bool:
+        """Reload the policy file; keep the last good policy when the new one is invalid."""
+        self.notifier.reloading()
+        result = self.policy_store.reload()
+        try:
+            if result.errors:
+                self.log.error(
+                    "policy_rejected", trigger=trigger, path=str(self.settings.agent.policy_file),
+                    problems=list(result.errors), revision_in_force=self.policy.revision,
+                )
+                self._event("policy_rejected", problems=list(result.errors)[:20],
+                            revision_in_force=self.policy.revision)
+                return False
+            if result.changed:
+                self.log.info("policy_reloaded", trigger=trigger, revision=self.policy.revision,
+                              policy=self.policy.policy.name)
+                self._event("policy_applied", revision=self.policy.revision)
+                if self.bus is not None:
+                    self.bus.publish_nowait(self._status_message("online"))
+                self._wake.set()
+            return result.changed
+        finally:
+            self.notifier.ready(self._status_line())
+
+    async def _watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval_s()
+        if interval is None:
+            await asyncio.Event().wait()  # no watchdog configured: idle until cancelled
+            return
+        while True:
+            await asyncio.sleep(interval)
+            self.gate.feed(self.notifier, time.monotonic(), max_stall_s=interval)
+
+
+def _first_reasons(decision: Decision) -> list[str]:
+    return list(decision.targets[0].reasons) if decision.targets else []
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Whether an error should stop the agent with a message rather than a traceback."""
+    return isinstance(exc, FatalError | PolicyError) and not isinstance(exc, GpuLostError)
+
+
+__all__ = ["Agent", "GpuError", "is_fatal"]

@@ -1,0 +1,211 @@
+"""The ``polca`` command line: ``agent``, ``demo``, ``policy check``, ``config docs``.
+
+Logging is configured here and only here. Exit codes: 0 success, 1 unexpected failure,
+2 usage error, 78 (EX_CONFIG) a fatal configuration or privilege problem whose message
+says how to fix it (the systemd unit does not restart on 78).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from polca import __version__, logs
+from polca.errors import FatalError, PolcaError, PolicyError
+
+EX_CONFIG = 78
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="polca", description="GPU power and thermal control.")
+    parser.add_argument("--version", action="version", version=f"polca {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    agent = sub.add_parser("agent", help="run the node agent")
+    _agent_args(agent)
+
+    demo = sub.add_parser(
+        "demo",
+        help="an agent on simulated GPUs, an embedded broker and a row controller, "
+        "printing what is published and applied",
+    )
+    _agent_args(demo)
+    demo.add_argument("--budget-w", type=float, default=None,
+                      help="row power budget for the demo controller (default: 85%% of the "
+                      "GPUs' total default limit, so the load reaches T1 and T2)")
+
+    policy = sub.add_parser("policy", help="policy files")
+    psub = policy.add_subparsers(dest="policy_command", required=True)
+    check = psub.add_parser("check", help="validate policy files (FILE:LINE:COL errors)")
+    check.add_argument("files", nargs="+", type=Path)
+    psub.add_parser("schema", help="print the policy JSON Schema")
+
+    config = sub.add_parser("config", help="configuration")
+    csub = config.add_subparsers(dest="config_command", required=True)
+    csub.add_parser("docs", help="print the configuration reference (Markdown)")
+    csub.add_parser("show", help="print the effective settings (secrets hidden)").add_argument(
+        "--config", type=Path, default=None)
+    return parser
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None, help="YAML settings file")
+    p.add_argument("--backend", choices=["nvml", "simulated"], default=None)
+    p.add_argument("--policy", type=Path, default=None, help="policy file (agent.policy_file)")
+    p.add_argument("--broker", default=None, help="MQTT broker host[:port]")
+    p.add_argument("--embedded-broker", action="store_true",
+                   help="run an in-process MQTT broker and connect to it")
+    p.add_argument("--observe-only", action="store_true", default=None,
+                   help="never write to the GPUs")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    p.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
+
+
+def _overrides(args: argparse.Namespace, *, demo: bool) -> dict[str, Any]:
+    """Settings overrides from the command line (nested dicts merge with other sources)."""
+    over: dict[str, dict[str, Any]] = {"gpu": {}, "agent": {}, "mqtt": {}, "logging": {}}
+    if args.backend:
+        over["gpu"]["backend"] = args.backend
+    elif demo:
+        over["gpu"]["backend"] = "simulated"
+    if args.policy:
+        over["agent"]["policy_file"] = args.policy
+    if args.observe_only is not None:
+        over["agent"]["observe_only"] = args.observe_only
+    if args.broker:
+        host, _, port = args.broker.rpartition(":") if ":" in args.broker else (args.broker, "", "")
+        over["mqtt"]["host"] = host or args.broker
+        if port:
+            over["mqtt"]["port"] = int(port)
+    if args.log_level:
+        over["logging"]["level"] = args.log_level
+    elif demo:
+        over["logging"]["level"] = "warning"  # the demo prints its own feed
+    if args.log_format:
+        over["logging"]["format"] = args.log_format
+    return {k: v for k, v in over.items() if v}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the polca command line; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "policy":
+        from polca.policy.check import run_check, run_schema  # noqa: PLC0415
+
+        if args.policy_command == "check":
+            return run_check(args.files, out=sys.stdout, err=sys.stderr)
+        return run_schema(sys.stdout)
+    if args.command == "config":
+        from polca import settings_docs  # noqa: PLC0415
+
+        if args.config_command == "docs":
+            sys.stdout.write(settings_docs.render())
+            return 0
+        return settings_docs.show(args.config, out=sys.stdout)
+    return _run_service(args)
+
+
+def _run_service(args: argparse.Namespace) -> int:
+    from polca.settings import load_settings  # noqa: PLC0415
+
+    demo = args.command == "demo"
+    try:
+        settings = load_settings(args.config, **_overrides(args, demo=demo))
+    except FatalError as exc:
+        logs.configure()
+        structlog.get_logger().error("config_invalid", error=str(exc))
+        return EX_CONFIG
+    logs.configure(level=settings.logging.level, fmt=settings.logging.format)
+    log = structlog.get_logger()
+    try:
+        if demo:
+            from polca.demo import run_demo  # noqa: PLC0415
+
+            asyncio.run(run_demo(settings, duration_s=args.duration, budget_w=args.budget_w))
+        else:
+            asyncio.run(_agent_main(settings, duration_s=args.duration,
+                                    embedded_broker=args.embedded_broker))
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - classified below
+        return _exit_code(exc, log)
+    return 0
+
+
+def _exit_code(exc: BaseException, log: Any) -> int:
+    """Log a failure that ended the process and choose its exit code."""
+    leaves = _leaves(exc)
+    if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        return 130
+    code = 1
+    for leaf in leaves:
+        if isinstance(leaf, FatalError | PolicyError):
+            log.critical("agent_fatal", error=str(leaf), kind=type(leaf).__name__)
+            code = EX_CONFIG
+        elif isinstance(leaf, PolcaError):
+            log.critical("agent_failed", error=str(leaf), kind=type(leaf).__name__)
+        elif not isinstance(leaf, KeyboardInterrupt):
+            log.critical("agent_crashed", error=str(leaf), kind=type(leaf).__name__,
+                         exc_info=leaf)
+    return code
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def make_backend(settings: Any) -> Any:
+    """The GPU backend named in the settings (constructed, not yet opened)."""
+    if settings.gpu.backend == "nvml":
+        from polca.gpu.nvml import NvmlBackend  # noqa: PLC0415
+
+        return NvmlBackend()
+    from polca.gpu.simulated import SimulatedBackend  # noqa: PLC0415
+
+    return SimulatedBackend(
+        count=settings.gpu.simulated_count,
+        model=settings.gpu.simulated_model,
+        load=settings.gpu.simulated_load,
+        seed=settings.gpu.simulated_seed,
+    )
+
+
+async def _agent_main(settings: Any, *, duration_s: float | None, embedded_broker: bool) -> None:
+    from polca.agent.runtime import Agent  # noqa: PLC0415
+    from polca.policy import PolicyStore  # noqa: PLC0415
+
+    async with contextlib.AsyncExitStack() as stack:
+        if embedded_broker:
+            from polca.telemetry.broker import EmbeddedBroker  # noqa: PLC0415
+
+            broker = await stack.enter_async_context(
+                EmbeddedBroker(host=settings.mqtt.host, port=settings.mqtt.port)
+            )
+            settings = settings.model_copy(
+                update={"mqtt": settings.mqtt.model_copy(update={"port": broker.port})}
+            )
+        agent = Agent(
+            settings, backend=make_backend(settings),
+            policy_store=PolicyStore(settings.agent.policy_file),
+        )
+        install_signal_handlers(agent.stop_requested, agent.reload_requested)
+        if duration_s is not None:
+            asyncio.get_running_loop().call_later(duration_s, agent.stop_requested.set)
+        await agent.run()
+
+
+def install_signal_handlers(stop: asyncio.Event, reload: asyncio.Event) -> None:
+    """SIGTERM/SIGINT request a stop; SIGHUP requests a policy reload."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload.set)

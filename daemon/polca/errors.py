@@ -1,0 +1,87 @@
+"""The error taxonomy of polca, classified by what the caller does next.
+
+Every library error (NVML, MQTT, YAML, pydantic) is translated into one of these at the
+seam where it happens, always chained with ``raise ... from exc`` so the root cause stays
+visible. Callers branch on the class, never on message text:
+
+- ``RetryableError``: try again later (after ``delay_s``); the process keeps running.
+- ``FatalError``: stop the process with the message, which says how to fix the cause.
+- ``GpuLostError``: one GPU is gone; mark it lost and carry on with the others.
+"""
+
+from __future__ import annotations
+
+
+class PolcaError(Exception):
+    """Root of every error polca raises on purpose."""
+
+
+class RetryableError(PolcaError):
+    """A transient failure: the same operation may succeed after ``delay_s`` seconds."""
+
+    def __init__(self, msg: str, *, delay_s: float = 1.0) -> None:
+        super().__init__(msg)
+        self.delay_s = delay_s
+
+
+class FatalError(PolcaError):
+    """A failure the process cannot recover from by itself; the message says how to fix it."""
+
+
+class ConfigError(FatalError):
+    """Invalid settings (configuration file or ``POLCA_*`` environment)."""
+
+
+class GpuError(PolcaError):
+    """A GPU backend failure, optionally tied to one GPU by index."""
+
+    def __init__(self, msg: str, *, index: int | None = None, code: int | None = None) -> None:
+        super().__init__(msg)
+        self.index = index
+        self.code = code
+
+
+class GpuLibraryError(GpuError, FatalError):
+    """The management library cannot be used at all (missing, driver not loaded, mismatch)."""
+
+
+class GpuPermissionError(GpuError, FatalError):
+    """A write needs privileges the process lacks; the message says how to grant them."""
+
+
+class GpuLostError(GpuError):
+    """The GPU fell off the bus or needs a reset; stop commanding it, keep the others."""
+
+
+class GpuNotSupportedError(GpuError):
+    """The GPU does not support the requested operation."""
+
+
+class GpuInvalidArgumentError(GpuError):
+    """A value was outside what the GPU accepts (limit out of range, unsupported clock)."""
+
+
+class GpuTransientError(GpuError, RetryableError):
+    """A GPU call failed in a way that may succeed when retried (timeout, busy, no data)."""
+
+    def __init__(
+        self, msg: str, *, index: int | None = None, code: int | None = None, delay_s: float = 0.1
+    ) -> None:
+        GpuError.__init__(self, msg, index=index, code=code)
+        self.delay_s = delay_s
+
+
+class PolicyError(PolcaError):
+    """A policy file is invalid; ``problems`` holds one ``FILE:LINE:COL: message`` each."""
+
+    def __init__(self, msg: str, *, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(msg)
+        self.problems = problems
+
+
+class TransportError(RetryableError):
+    """The message bus is unreachable or refused an operation."""
+
+
+class TransportAuthError(TransportError, FatalError):
+    """The broker rejected our credentials: retrying with the same ones cannot help."""

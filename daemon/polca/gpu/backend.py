@@ -1,0 +1,143 @@
+"""The one narrow seam between polca and GPU hardware.
+
+``GpuBackend`` is synchronous on purpose: the NVML implementation blocks in the driver and
+must run on a single worker thread (see ``polca.gpu.threaded``), while the simulated one is
+pure Python. Everything above this module sees only the frozen value types defined here.
+
+Units: power in milliwatts (NVML's unit) inside polca, energy in millijoules, clocks in MHz,
+temperatures in degrees Celsius. Conversions to W/J happen only at the edges (YAML, MQTT).
+A field the GPU does not support is ``None`` in every sample; discovering support happens
+once, in ``discover()``, never per tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+# NVML clock event (throttle) reason bits, as published in telemetry.
+CLOCK_EVENT_GPU_IDLE = 0x1
+CLOCK_EVENT_APPLICATIONS_CLOCKS_SETTING = 0x2
+CLOCK_EVENT_SW_POWER_CAP = 0x4
+CLOCK_EVENT_HW_SLOWDOWN = 0x8
+CLOCK_EVENT_SYNC_BOOST = 0x10
+CLOCK_EVENT_SW_THERMAL_SLOWDOWN = 0x20
+CLOCK_EVENT_HW_THERMAL_SLOWDOWN = 0x40
+CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN = 0x80
+CLOCK_EVENT_DISPLAY_CLOCK_SETTING = 0x100
+
+CLOCK_EVENT_NAMES: dict[int, str] = {
+    CLOCK_EVENT_GPU_IDLE: "gpu_idle",
+    CLOCK_EVENT_APPLICATIONS_CLOCKS_SETTING: "applications_clocks_setting",
+    CLOCK_EVENT_SW_POWER_CAP: "sw_power_cap",
+    CLOCK_EVENT_HW_SLOWDOWN: "hw_slowdown",
+    CLOCK_EVENT_SYNC_BOOST: "sync_boost",
+    CLOCK_EVENT_SW_THERMAL_SLOWDOWN: "sw_thermal_slowdown",
+    CLOCK_EVENT_HW_THERMAL_SLOWDOWN: "hw_thermal_slowdown",
+    CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN: "hw_power_brake_slowdown",
+    CLOCK_EVENT_DISPLAY_CLOCK_SETTING: "display_clock_setting",
+}
+
+
+def clock_event_names(mask: int) -> tuple[str, ...]:
+    """Name the bits set in an NVML clock event reason mask, lowest bit first."""
+    return tuple(name for bit, name in CLOCK_EVENT_NAMES.items() if mask & bit)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """Which reads and writes a GPU supports, discovered once at start-up."""
+
+    power_instant: bool = False
+    power_average: bool = False
+    energy: bool = False
+    gpu_temp: bool = False
+    mem_temp: bool = False
+    sm_clock: bool = False
+    mem_clock: bool = False
+    utilization: bool = False
+    power_limit_read: bool = False
+    enforced_power_limit: bool = False
+    clock_event_reasons: bool = False
+    power_limit_write: bool = False
+    sm_clock_lock: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """Static identity and constraints of one GPU (identity is the UUID, not the index)."""
+
+    index: int
+    uuid: str
+    name: str
+    capabilities: Capabilities
+    pci_bus_id: str | None = None
+    power_limit_min_mw: int | None = None
+    power_limit_max_mw: int | None = None
+    power_limit_default_mw: int | None = None
+    sm_clock_max_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
+    # Valid SM clock values for lock calls, highest first; empty when unknown.
+    supported_sm_clocks_mhz: tuple[int, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one GPU. Every measured field is ``None`` when unsupported."""
+
+    index: int
+    uuid: str
+    ts_ns: int
+    power_mw: int | None = None  # instantaneous
+    power_avg_mw: int | None = None  # driver-averaged (about 1 s)
+    energy_mj: int | None = None  # total since driver load, monotonic
+    gpu_temp_c: float | None = None
+    mem_temp_c: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    gpu_util_pct: float | None = None
+    mem_util_pct: float | None = None
+    power_limit_mw: int | None = None  # requested (management) limit
+    enforced_power_limit_mw: int | None = None  # after every limiter, in- and out-of-band
+    clock_event_reasons: int | None = None  # bitmask, see CLOCK_EVENT_*
+    # The SM clock lock this backend last applied, as (min, max) MHz; None when unlocked.
+    locked_sm_clocks_mhz: tuple[int, int] | None = None
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """Synchronous access to the GPUs of one node.
+
+    Errors are raised as ``polca.errors.Gpu*Error``: ``GpuLostError`` for a GPU that fell
+    off the bus, ``GpuPermissionError`` for a write without privilege, ``GpuLibraryError``
+    when the management library cannot be used at all.
+    """
+
+    def discover(self) -> Sequence[GpuInfo]:
+        """Open the library, enumerate GPUs and discover their capabilities (once)."""
+        ...
+
+    def sample(self, index: int) -> GpuSample:
+        """Read every supported field of GPU ``index``."""
+        ...
+
+    def check_write_access(self) -> None:
+        """Raise ``GpuPermissionError`` (with how to fix it) unless writes are allowed."""
+        ...
+
+    def set_power_limit_mw(self, index: int, limit_mw: int) -> None:
+        """Set the power management limit of GPU ``index`` (within its constraints)."""
+        ...
+
+    def lock_sm_clocks_mhz(self, index: int, min_mhz: int, max_mhz: int) -> None:
+        """Lock the SM clock of GPU ``index`` to the range [min_mhz, max_mhz]."""
+        ...
+
+    def reset_sm_clocks(self, index: int) -> None:
+        """Remove any SM clock lock on GPU ``index``."""
+        ...
+
+    def close(self) -> None:
+        """Release the library; idempotent."""
+        ...

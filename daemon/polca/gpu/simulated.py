@@ -1,0 +1,718 @@
+"""A simulated node of GPUs: the backend of the demo, the tests and capacity studies.
+
+``SimulatedBackend`` implements ``GpuBackend`` with a small physical model per GPU, so
+that everything above the seam (sampler, actuator, policy, telemetry) runs unchanged
+without hardware:
+
+- utilization comes from a load profile (idle, constant, bursty LLM inference, ramp,
+  square wave, or a scripted trace);
+- power = idle + utilization x dynamic power, where the SM clock scales the compute part
+  roughly as f x V^2 ~ (f / f_max) ** 2.5 and memory power does not scale with it;
+- the power limit is met by lowering the SM clock (reason ``SW_POWER_CAP``), a clock lock
+  caps it, and a hot die slows it down (``SW_THERMAL_SLOWDOWN``);
+- the die temperature follows a first-order model T' = (T_coolant + R P - T) / tau;
+- the energy counter integrates power.
+
+The model advances lazily, in sub-steps of at most ``STEP_S``, to the injected clock's time
+whenever a GPU is read or written, so it runs no thread and costs nothing between reads.
+Given the same seed and the same sequence of clock readings and calls it produces the
+same samples. Fault injection (lost GPU, denied writes, stuck sensor, hot coolant, a
+foreign tool changing the power limit, an out-of-band limit, the power brake) lets tests
+and demos exercise every error path. It must stay free of I/O and threads: it is also
+instantiated dozens of times in one process by the fleet demo.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Protocol, runtime_checkable
+
+from polca.errors import (
+    GpuInvalidArgumentError,
+    GpuLibraryError,
+    GpuLostError,
+    GpuPermissionError,
+)
+from polca.gpu.backend import (
+    CLOCK_EVENT_GPU_IDLE,
+    CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN,
+    CLOCK_EVENT_HW_THERMAL_SLOWDOWN,
+    CLOCK_EVENT_SW_POWER_CAP,
+    CLOCK_EVENT_SW_THERMAL_SLOWDOWN,
+    Capabilities,
+    GpuInfo,
+    GpuSample,
+)
+from polca.gpu.models import GpuModel, get_model
+
+STEP_S = 0.05  # longest integration sub-step; inference bursts last 250 ms or more
+MAX_STEPS = 2000  # a longer gap is integrated in coarser steps instead
+IDLE_UTIL = 0.01  # below this a GPU counts as idle (reason GPU_IDLE, lowest clock)
+POWER_AVG_TAU_S = 1.0  # NVML's averaged power covers about one second
+BRAKE_SM_CLOCK_MHZ = 345  # near-halt clock while the power brake is engaged [U]
+# Software thermal slowdown: the clock ceiling drops this much at the threshold and per
+# degree above it [U: a proportional governor, steep enough to hold the die near it].
+THERMAL_SLOWDOWN_STEP_MHZ = 150.0
+THERMAL_SLOWDOWN_MHZ_PER_C = 150.0
+POWER_NOISE_FRACTION = 0.002  # sensor noise, one standard deviation
+POWER_NOISE_W = 0.5
+TEMP_NOISE_C = 0.2
+MEM_UTIL_SHARE = 0.7  # memory-controller utilization relative to SM utilization
+
+_MASK64 = (1 << 64) - 1
+_STICKABLE = frozenset(f.name for f in fields(GpuSample)) - {"index", "uuid", "ts_ns"}
+
+
+def _mix64(value: int) -> int:
+    """SplitMix64 finaliser: a cheap, well-spread hash of a 64-bit integer."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def _uniform(stream: int, key: int) -> float:
+    """A uniform number in [0, 1) that depends only on ``stream`` and ``key``."""
+    return _mix64(stream ^ _mix64(key & _MASK64)) / 2.0**64
+
+
+# --- load profiles -----------------------------------------------------------------------
+
+
+@runtime_checkable
+class LoadProfile(Protocol):
+    """SM utilization (0..1) as a pure function of time since the start of the simulation.
+
+    ``stream`` is a per-GPU number derived from the seed; profiles with randomness use it so
+    that GPUs differ and a run repeats exactly.
+    """
+
+    def utilization(self, t_s: float, stream: int) -> float:
+        """Return the utilization at ``t_s`` seconds for the GPU of ``stream``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConstantLoad:
+    """The same utilization forever; ``ConstantLoad(0.0)`` is an idle GPU."""
+
+    util: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_util(self.util, "util")
+
+    def utilization(self, t_s: float, stream: int) -> float:
+        """Return the constant utilization."""
+        return self.util
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceLoad:
+    """LLM serving: decode at 60-70 % with prefill bursts near 100 % on top.
+
+    Time is cut into slots of ``slot_s``; a prefill burst starts in a slot with probability
+    ``prefill_probability`` and lasts 1 to ``prefill_max_slots`` slots. The decode level is
+    redrawn every ``slots_per_epoch`` slots (batch composition changes), with a little
+    per-slot jitter.
+    Each GPU gets its own random stream and phase, so a node's power swings less than one
+    GPU's, as in a real row. The numbers follow the simulator recipe in
+    ``polca-paper.md`` §4.2 [U].
+    """
+
+    decode_util_low: float = 0.60
+    decode_util_high: float = 0.70
+    prefill_util: float = 1.0
+    prefill_probability: float = 0.1
+    prefill_max_slots: int = 3
+    slot_s: float = 0.25
+    slots_per_epoch: int = 20  # the decode level changes every 5 s
+    jitter: float = 0.03
+    # Utilization is constant within a slot and the integrator takes several sub-steps per
+    # slot: remember recent slots. Values are pure, so sharing and clearing are safe.
+    _cache: dict[tuple[int, int], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def utilization(self, t_s: float, stream: int) -> float:
+        """Return the utilization at ``t_s``: a prefill burst or the decode level."""
+        phase = (stream & 0xFFFF) / 65536.0 * self.slots_per_epoch  # per-GPU, in slots
+        slot = math.floor(t_s / self.slot_s + phase)
+        key = (stream, slot)
+        util = self._cache.get(key)
+        if util is None:
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            util = self._cache[key] = self._slot_utilization(slot, stream)
+        return util
+
+    def _slot_utilization(self, slot: int, stream: int) -> float:
+        for back in range(self.prefill_max_slots):
+            h = _mix64(stream ^ _mix64(((slot - back) * 4 + 1) & _MASK64))
+            starts = (h & 0xFFFFFF) / 16777216.0 < self.prefill_probability
+            if starts and (h >> 24) % self.prefill_max_slots >= back:
+                return self.prefill_util - self.jitter * ((h >> 40) & 0xFF) / 256.0
+        epoch = slot // self.slots_per_epoch
+        level = self.decode_util_low + (self.decode_util_high - self.decode_util_low) * (
+            _uniform(stream, epoch * 4 + 2)
+        )
+        level += self.jitter * (2.0 * _uniform(stream, slot * 4 + 3) - 1.0)
+        return min(1.0, max(0.0, level))
+
+
+@dataclass(frozen=True, slots=True)
+class RampLoad:
+    """Linear from ``low`` to ``high`` over ``period_s``; then again (``repeat``) or hold."""
+
+    period_s: float = 60.0
+    low: float = 0.0
+    high: float = 1.0
+    repeat: bool = True
+
+    def __post_init__(self) -> None:
+        _check_period(self.period_s)
+        _check_util(self.low, "low")
+        _check_util(self.high, "high")
+
+    def utilization(self, t_s: float, stream: int) -> float:
+        """Return the ramp value at ``t_s``."""
+        frac = t_s / self.period_s
+        frac = frac - math.floor(frac) if self.repeat else min(1.0, max(0.0, frac))
+        return self.low + (self.high - self.low) * frac
+
+
+@dataclass(frozen=True, slots=True)
+class SquareLoad:
+    """Alternates ``high`` (first ``duty`` of each period) and ``low``: the worst row swing.
+
+    All GPUs switch together on purpose: that is the case a row cap must survive.
+    """
+
+    period_s: float = 10.0
+    low: float = 0.1
+    high: float = 1.0
+    duty: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check_period(self.period_s)
+        _check_util(self.low, "low")
+        _check_util(self.high, "high")
+        _check_util(self.duty, "duty")
+
+    def utilization(self, t_s: float, stream: int) -> float:
+        """Return ``high`` or ``low`` depending on the phase of ``t_s``."""
+        frac = t_s / self.period_s
+        return self.high if frac - math.floor(frac) < self.duty else self.low
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedLoad:
+    """A trace of ``(t_s, util)`` points, linearly interpolated (or stepped), held at the ends."""
+
+    points: Sequence[tuple[float, float]]  # stored as a tuple
+    interpolate: bool = True
+    _times_s: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        points = tuple((float(t_s), float(util)) for t_s, util in self.points)
+        if not points:
+            msg = "a scripted load needs at least one (t_s, util) point"
+            raise ValueError(msg)
+        object.__setattr__(self, "points", points)
+        times_s = tuple(t_s for t_s, _ in points)
+        if any(b < a for a, b in itertools.pairwise(times_s)):
+            msg = f"scripted load times must not decrease: {times_s}"
+            raise ValueError(msg)
+        for _, util in self.points:
+            _check_util(util, "util")
+        object.__setattr__(self, "_times_s", times_s)
+
+    def utilization(self, t_s: float, stream: int) -> float:
+        """Return the scripted utilization at ``t_s``."""
+        i = bisect.bisect_right(self._times_s, t_s)
+        if i == 0:
+            return self.points[0][1]
+        if i == len(self.points) or not self.interpolate:
+            return self.points[i - 1][1]
+        (t0_s, u0), (t1_s, u1) = self.points[i - 1], self.points[i]
+        return u0 + (u1 - u0) * (t_s - t0_s) / (t1_s - t0_s)
+
+
+def _check_util(value: float, name: str) -> None:
+    if not 0.0 <= value <= 1.0:
+        msg = f"{name} must be within 0..1, got {value}"
+        raise ValueError(msg)
+
+
+def _check_period(period_s: float) -> None:
+    if not period_s > 0:
+        msg = f"period_s must be positive, got {period_s}"
+        raise ValueError(msg)
+
+
+def load_profile(spec: str | LoadProfile) -> LoadProfile:
+    """Build a profile from its settings name, with an optional argument after a colon.
+
+    ``idle``, ``constant[:UTIL]`` (default 1.0), ``inference``, ``ramp[:PERIOD_S]``,
+    ``square[:PERIOD_S]``. A ``LoadProfile`` is returned unchanged.
+    """
+    if not isinstance(spec, str):
+        return spec
+    name, _, arg = spec.strip().lower().partition(":")
+    try:
+        value = float(arg) if arg else None
+        if name == "idle" and value is None:
+            return ConstantLoad(0.0)
+        if name == "constant":
+            return ConstantLoad(1.0 if value is None else value)
+        if name == "inference" and value is None:
+            return InferenceLoad()
+        if name == "ramp":
+            return RampLoad() if value is None else RampLoad(period_s=value)
+        if name == "square":
+            return SquareLoad() if value is None else SquareLoad(period_s=value)
+    except ValueError as exc:
+        msg = f"invalid load profile {spec!r}: {exc}"
+        raise ValueError(msg) from exc
+    msg = (
+        f"unknown load profile {spec!r}; use idle, constant[:UTIL], inference, "
+        "ramp[:PERIOD_S] or square[:PERIOD_S]"
+    )
+    raise ValueError(msg)
+
+
+# --- the backend -------------------------------------------------------------------------
+
+_PERMISSION_HINT = (
+    "writing GPU settings needs root or CAP_SYS_ADMIN: run the agent as root, keep "
+    "CAP_SYS_ADMIN in its systemd unit (CapabilityBoundingSet=CAP_SYS_ADMIN), start its "
+    "container with --cap-add SYS_ADMIN, or run it observe-only "
+    "(agent.observe_only: true, POLCA_AGENT__OBSERVE_ONLY=true) to read without writing"
+)
+
+
+@dataclass(slots=True)
+class _Gpu:
+    """The mutable state of one simulated GPU."""
+
+    index: int
+    uuid: str
+    stream: int
+    load: LoadProfile
+    rng: random.Random
+    t_s: float  # simulated time the state is valid at
+    coolant_c: float
+    gpu_temp_c: float
+    energy_mj: float
+    power_limit_mw: int
+    power_w: float = 0.0
+    power_avg_w: float = 0.0
+    util: float = 0.0
+    sm_clock_mhz: int = 0
+    reasons: int = 0
+    oob_limit_mw: int | None = None
+    locked_sm_clocks_mhz: tuple[int, int] | None = None
+    lost: bool = False
+    brake: bool = False
+    stuck: dict[str, Any] = field(default_factory=dict)  # field name -> frozen value
+
+
+class SimulatedBackend:
+    """A ``GpuBackend`` over ``count`` simulated GPUs of one ``model``.
+
+    Thread-safe: the agent calls it from the ``ThreadedGpu`` worker while a test or the
+    demo injects faults from another thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        count: int = 8,
+        model: str | GpuModel = "H100-SXM",
+        load: LoadProfile | str = "inference",
+        seed: int = 0,
+        coolant_inlet_c: float = 30.0,
+        clock: Callable[[], float] | None = None,
+        privileged: bool = True,
+        time_ns: Callable[[], int] | None = None,
+    ) -> None:
+        """Set up the GPUs at idle thermal equilibrium; reads nothing, starts nothing.
+
+        ``clock`` gives monotonic seconds (default ``time.monotonic``). Sample timestamps
+        come from ``time_ns``; by default ``time.time_ns``, or the simulated clock in ns
+        when ``clock`` is injected, so that an injected clock makes runs reproducible.
+        """
+        if count < 1:
+            msg = f"count must be at least 1, got {count}"
+            raise ValueError(msg)
+        self._model = model if isinstance(model, GpuModel) else get_model(model)
+        self._clock = clock or time.monotonic
+        if time_ns is not None:
+            self._time_ns = time_ns
+        elif clock is not None:
+            sim_clock = clock
+            self._time_ns = lambda: round(sim_clock() * 1e9)
+        else:
+            self._time_ns = time.time_ns
+        self._writes_allowed = privileged
+        self._closed = False
+        self._lock = threading.Lock()
+        self._t0_s = self._clock()
+        profile = load_profile(load)
+        m = self._model
+        idle_temp_c = coolant_inlet_c + m.thermal_resistance_c_per_w * m.idle_power_w
+        self._gpus: list[_Gpu] = []
+        for index in range(count):
+            stream = _mix64((seed & _MASK64) * 1024 + index)
+            self._gpus.append(
+                _Gpu(
+                    index=index,
+                    uuid=f"GPU-{uuid.UUID(int=(stream << 64) | _mix64(stream))}",
+                    stream=stream,
+                    load=profile,
+                    rng=random.Random(stream),  # noqa: S311 - sensor noise, not security
+                    t_s=self._t0_s,
+                    coolant_c=coolant_inlet_c,
+                    gpu_temp_c=idle_temp_c,
+                    # Energy counts since driver load: start somewhere, never at zero.
+                    energy_mj=float(1_000_000 + stream % 1_000_000_000),
+                    power_limit_mw=m.tdp_mw,
+                    power_w=m.idle_power_w,
+                    power_avg_w=m.idle_power_w,
+                    sm_clock_mhz=m.sm_clock_min_mhz,
+                )
+            )
+        self._supported = frozenset(m.supported_sm_clocks_mhz)
+        self._decay_step = math.exp(-STEP_S / m.thermal_time_constant_s)
+        self._avg_step = 1.0 - math.exp(-STEP_S / POWER_AVG_TAU_S)
+
+    @property
+    def model(self) -> GpuModel:
+        """The GPU model every simulated GPU follows."""
+        return self._model
+
+    # --- GpuBackend ----------------------------------------------------------------------
+
+    def discover(self) -> Sequence[GpuInfo]:
+        """List the GPUs (lost ones too: they were enumerated before they fell off)."""
+        m = self._model
+        with self._lock:
+            self._closed = False
+            caps = Capabilities(**{f.name: True for f in fields(Capabilities)})
+            return tuple(
+                GpuInfo(
+                    index=g.index,
+                    uuid=g.uuid,
+                    name=m.product_name,
+                    capabilities=caps,
+                    pci_bus_id=f"00000000:{0x18 + 0x10 * g.index:02X}:00.0",
+                    power_limit_min_mw=round(m.power_limit_min_w * 1000),
+                    power_limit_max_mw=round(m.power_limit_max_w * 1000),
+                    power_limit_default_mw=m.tdp_mw,
+                    sm_clock_max_mhz=m.sm_clock_max_mhz,
+                    mem_clock_max_mhz=m.mem_clock_mhz,
+                    supported_sm_clocks_mhz=m.supported_sm_clocks_mhz,
+                )
+                for g in self._gpus
+            )
+
+    def sample(self, index: int) -> GpuSample:
+        """Advance GPU ``index`` to now and read it, with seeded sensor noise."""
+        with self._lock:
+            g = self._live(index)
+            self._advance(g, self._clock())
+            return self._read(g)
+
+    def check_write_access(self) -> None:
+        """Raise ``GpuPermissionError`` while writes are denied."""
+        with self._lock:
+            self._check_open()
+            self._check_writes(None)
+
+    def set_power_limit_mw(self, index: int, limit_mw: int) -> None:
+        """Set the management power limit; outside [min, max] is ``GpuInvalidArgumentError``."""
+        with self._lock:
+            g = self._live(index)
+            self._check_writes(index)
+            self._validate_limit(index, limit_mw)
+            self._advance(g, self._clock())
+            g.power_limit_mw = limit_mw
+
+    def lock_sm_clocks_mhz(self, index: int, min_mhz: int, max_mhz: int) -> None:
+        """Lock the SM clock range; both ends must be supported clocks, min <= max."""
+        with self._lock:
+            g = self._live(index)
+            self._check_writes(index)
+            if min_mhz > max_mhz or not {min_mhz, max_mhz} <= self._supported:
+                m = self._model
+                msg = (
+                    f"GPU {index}: cannot lock SM clocks to [{min_mhz}, {max_mhz}] MHz; "
+                    f"supported: {m.sm_clock_min_mhz}..{m.sm_clock_max_mhz} MHz in "
+                    f"{m.sm_clock_step_mhz} MHz steps, min <= max"
+                )
+                raise GpuInvalidArgumentError(msg, index=index)
+            self._advance(g, self._clock())
+            g.locked_sm_clocks_mhz = (min_mhz, max_mhz)
+
+    def reset_sm_clocks(self, index: int) -> None:
+        """Remove the SM clock lock of GPU ``index`` (a no-op when unlocked)."""
+        with self._lock:
+            g = self._live(index)
+            self._check_writes(index)
+            self._advance(g, self._clock())
+            g.locked_sm_clocks_mhz = None
+
+    def close(self) -> None:
+        """Mark the library closed; later calls other than ``discover()`` fail. Idempotent."""
+        with self._lock:
+            self._closed = True
+
+    # --- load and environment ------------------------------------------------------------
+
+    def set_load(self, index: int, profile: LoadProfile | str) -> None:
+        """Give GPU ``index`` its own load profile from now on."""
+        new = load_profile(profile)
+        with self._lock:
+            g = self._gpu(index)
+            self._advance(g, self._clock())
+            g.load = new
+
+    def set_utilization(self, index: int, util: float) -> None:
+        """Hold GPU ``index`` at a constant utilization (0..1) from now on."""
+        self.set_load(index, ConstantLoad(util))
+
+    def set_coolant_inlet_c(self, temp_c: float, index: int | None = None) -> None:
+        """Change the coolant (or inlet air) temperature of one GPU or of all."""
+        with self._lock:
+            for g in self._gpus if index is None else [self._gpu(index)]:
+                self._advance(g, self._clock())
+                g.coolant_c = temp_c
+
+    # --- fault injection -----------------------------------------------------------------
+
+    def lose_gpu(self, index: int) -> None:
+        """Make GPU ``index`` raise ``GpuLostError`` on every call, as if off the bus."""
+        with self._lock:
+            self._gpu(index).lost = True
+
+    def restore_gpu(self, index: int) -> None:
+        """Bring a lost GPU back (after a reset its settings are the defaults again)."""
+        with self._lock:
+            g = self._gpu(index)
+            self._advance(g, self._clock())
+            if g.lost:
+                g.lost = False
+                g.power_limit_mw = self._model.tdp_mw
+                g.locked_sm_clocks_mhz = None
+
+    def deny_writes(self) -> None:
+        """Make every write and ``check_write_access()`` raise ``GpuPermissionError``."""
+        with self._lock:
+            self._writes_allowed = False
+
+    def allow_writes(self) -> None:
+        """Undo ``deny_writes()``."""
+        with self._lock:
+            self._writes_allowed = True
+
+    def stick_sensor(self, index: int, field_name: str) -> None:
+        """Freeze the reading ``field_name`` (a ``GpuSample`` field) of GPU ``index``."""
+        if field_name not in _STICKABLE:
+            msg = f"cannot stick {field_name!r}; choose one of {sorted(_STICKABLE)}"
+            raise ValueError(msg)
+        with self._lock:
+            g = self._gpu(index)
+            self._advance(g, self._clock())
+            g.stuck[field_name] = getattr(self._read(g), field_name)
+
+    def unstick_sensor(self, index: int, field_name: str | None = None) -> None:
+        """Let one frozen reading (or all of GPU ``index``) follow the model again."""
+        with self._lock:
+            g = self._gpu(index)
+            if field_name is None:
+                g.stuck.clear()
+            else:
+                g.stuck.pop(field_name, None)
+
+    def external_set_power_limit_mw(self, index: int, limit_mw: int) -> None:
+        """Change the limit as another tool (``nvidia-smi -pl``) would, bypassing polca."""
+        with self._lock:
+            g = self._gpu(index)
+            self._validate_limit(index, limit_mw)
+            self._advance(g, self._clock())
+            g.power_limit_mw = limit_mw
+
+    def set_oob_limit_mw(self, index: int, limit_mw: int | None) -> None:
+        """Apply (or clear with ``None``) an out-of-band limit, e.g. from the BMC."""
+        with self._lock:
+            g = self._gpu(index)
+            self._advance(g, self._clock())
+            g.oob_limit_mw = limit_mw
+
+    def set_power_brake(self, index: int, *, engaged: bool) -> None:
+        """Engage or release the hardware power brake (a near halt, reason 0x80)."""
+        with self._lock:
+            g = self._gpu(index)
+            self._advance(g, self._clock())
+            g.brake = engaged
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = "the simulated GPU library is closed; call discover() to open it again"
+            raise GpuLibraryError(msg)
+
+    def _gpu(self, index: int) -> _Gpu:
+        if not 0 <= index < len(self._gpus):
+            msg = f"no GPU {index}: this node has GPUs 0..{len(self._gpus) - 1}"
+            raise GpuInvalidArgumentError(msg, index=index)
+        return self._gpus[index]
+
+    def _live(self, index: int) -> _Gpu:
+        self._check_open()
+        g = self._gpu(index)
+        if g.lost:
+            msg = f"GPU {index} ({g.uuid}) is lost (fell off the bus); it needs a reset"
+            raise GpuLostError(msg, index=index)
+        return g
+
+    def _check_writes(self, index: int | None) -> None:
+        if not self._writes_allowed:
+            msg = f"permission denied: {_PERMISSION_HINT}"
+            raise GpuPermissionError(msg, index=index)
+
+    def _validate_limit(self, index: int, limit_mw: int) -> None:
+        m = self._model
+        low_mw, high_mw = round(m.power_limit_min_w * 1000), round(m.power_limit_max_w * 1000)
+        if not low_mw <= limit_mw <= high_mw:
+            msg = f"GPU {index}: power limit {limit_mw} mW outside [{low_mw}, {high_mw}] mW"
+            raise GpuInvalidArgumentError(msg, index=index)
+
+    def _advance(self, g: _Gpu, now_s: float) -> None:
+        """Integrate GPU ``g`` from its time to ``now_s`` (a clock going back is ignored)."""
+        gap_s = now_s - g.t_s
+        if gap_s <= 0:
+            return
+        steps = min(MAX_STEPS, math.ceil(gap_s / STEP_S - 1e-9))
+        step_s = gap_s / steps
+        t_s = g.t_s
+        for _ in range(steps):
+            t_s += step_s
+            self._step(g, t_s, step_s)
+        g.t_s = now_s
+
+    def _step(self, g: _Gpu, t_s: float, step_s: float) -> None:
+        """Advance ``g`` by one sub-step ending at ``t_s``, holding power over the step."""
+        m = self._model
+        util = g.load.utilization(t_s - self._t0_s, g.stream)
+        util = 0.0 if util < IDLE_UTIL else min(1.0, util)
+        reasons = 0
+        ceiling_mhz = m.sm_clock_max_mhz
+        if g.locked_sm_clocks_mhz is not None:
+            ceiling_mhz = min(ceiling_mhz, g.locked_sm_clocks_mhz[1])
+        if g.brake:
+            ceiling_mhz = min(ceiling_mhz, BRAKE_SM_CLOCK_MHZ)
+            reasons |= CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN
+        if g.gpu_temp_c >= m.shutdown_temp_c:
+            ceiling_mhz = m.sm_clock_min_mhz
+            reasons |= CLOCK_EVENT_HW_THERMAL_SLOWDOWN
+        elif g.gpu_temp_c >= m.slowdown_temp_c:
+            over_c = g.gpu_temp_c - m.slowdown_temp_c
+            thermal_mhz = (
+                m.sm_clock_max_mhz - THERMAL_SLOWDOWN_STEP_MHZ - THERMAL_SLOWDOWN_MHZ_PER_C * over_c
+            )
+            ceiling_mhz = min(ceiling_mhz, self._snap_down(thermal_mhz))
+            reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
+        if util == 0.0:
+            clock_mhz = m.sm_clock_min_mhz
+            power_w = m.idle_power_w
+            reasons |= CLOCK_EVENT_GPU_IDLE
+        else:
+            clock_mhz = ceiling_mhz
+            power_w = self._power_w(util, clock_mhz)
+            limit_mw = g.power_limit_mw
+            if g.oob_limit_mw is not None:
+                limit_mw = min(limit_mw, g.oob_limit_mw)
+            limit_w = limit_mw / 1000.0
+            if power_w > limit_w:
+                clock_mhz = self._clock_for_power(util, limit_w)
+                if clock_mhz < ceiling_mhz:
+                    reasons |= CLOCK_EVENT_SW_POWER_CAP
+                else:
+                    clock_mhz = ceiling_mhz
+                power_w = self._power_w(util, clock_mhz)
+        # Exact solution of T' = (T_eq - T) / tau for power held over the step.
+        decay = (
+            self._decay_step if step_s == STEP_S else math.exp(-step_s / m.thermal_time_constant_s)
+        )
+        eq_c = g.coolant_c + m.thermal_resistance_c_per_w * power_w
+        g.gpu_temp_c = eq_c + (g.gpu_temp_c - eq_c) * decay
+        avg = self._avg_step if step_s == STEP_S else 1.0 - math.exp(-step_s / POWER_AVG_TAU_S)
+        g.power_avg_w += (power_w - g.power_avg_w) * avg
+        g.energy_mj += power_w * step_s * 1000.0
+        g.power_w = power_w
+        g.util = util
+        g.sm_clock_mhz = clock_mhz
+        g.reasons = reasons
+
+    def _power_w(self, util: float, clock_mhz: int) -> float:
+        m = self._model
+        ratio = clock_mhz / m.sm_clock_max_mhz
+        share = m.mem_power_share
+        dynamic = (1.0 - share) * math.pow(ratio, m.clock_power_exponent) + share
+        return m.idle_power_w + (m.max_demand_power_w - m.idle_power_w) * util * dynamic
+
+    def _clock_for_power(self, util: float, limit_w: float) -> int:
+        """The highest supported clock at which ``util`` draws no more than ``limit_w``."""
+        m = self._model
+        share = m.mem_power_share
+        dynamic = (limit_w - m.idle_power_w) / ((m.max_demand_power_w - m.idle_power_w) * util)
+        core = (dynamic - share) / (1.0 - share)
+        if core <= 0.0:
+            return m.sm_clock_min_mhz  # even the lowest clock exceeds the limit
+        ratio = math.pow(core, 1.0 / m.clock_power_exponent)
+        return self._snap_down(ratio * m.sm_clock_max_mhz)
+
+    def _snap_down(self, clock_mhz: float) -> int:
+        """Round down to a supported clock, within the supported range."""
+        m = self._model
+        steps = math.floor((clock_mhz - m.sm_clock_min_mhz) / m.sm_clock_step_mhz + 1e-9)
+        return min(m.sm_clock_max_mhz, m.sm_clock_min_mhz + max(0, steps) * m.sm_clock_step_mhz)
+
+    def _read(self, g: _Gpu) -> GpuSample:
+        """Turn the state of ``g`` into a sample, as NVML would report it."""
+        m = self._model
+        gauss = g.rng.gauss
+        sigma_w = POWER_NOISE_W + POWER_NOISE_FRACTION * g.power_w
+        gpu_temp_c = g.gpu_temp_c + gauss(0.0, TEMP_NOISE_C)
+        enforced_mw = g.power_limit_mw
+        if g.oob_limit_mw is not None:
+            enforced_mw = min(enforced_mw, g.oob_limit_mw)
+        sample = GpuSample(
+            index=g.index,
+            uuid=g.uuid,
+            ts_ns=self._time_ns(),
+            power_mw=max(0, round((g.power_w + gauss(0.0, sigma_w)) * 1000)),
+            power_avg_mw=round(g.power_avg_w * 1000),
+            energy_mj=int(g.energy_mj),
+            # NVML reports whole degrees.
+            gpu_temp_c=float(round(gpu_temp_c)),
+            mem_temp_c=float(round(gpu_temp_c + m.mem_temp_offset_c * g.util)),
+            sm_clock_mhz=g.sm_clock_mhz,
+            mem_clock_mhz=m.mem_clock_mhz,
+            gpu_util_pct=float(round(g.util * 100)),
+            mem_util_pct=float(round(g.util * MEM_UTIL_SHARE * 100)),
+            power_limit_mw=g.power_limit_mw,
+            enforced_power_limit_mw=enforced_mw,
+            clock_event_reasons=g.reasons,
+            locked_sm_clocks_mhz=g.locked_sm_clocks_mhz,
+        )
+        return replace(sample, **g.stuck) if g.stuck else sample

@@ -1,0 +1,281 @@
+"""Read policy YAML into a ``Policy``, reporting every problem as ``FILE:LINE:COL: message``.
+
+Operators edit policies by hand, so an error must say where it is, like a compiler does.
+The text is composed into a YAML node tree (which keeps each node's position) and parsed
+into plain data; pydantic validates the data, and each error location is mapped back onto
+the node it names: the key itself for an unknown key, the enclosing mapping for a missing
+key, the value otherwise. Lines and columns are 1-based.
+
+``PolicyStore`` keeps the last good policy when a reload fails (a typo must never uncap or
+overcap a fleet); it logs each outcome once, so callers need not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from polca.errors import PolicyError
+from polca.policy.model import KEY, RULE_ERROR_TYPE, Loc, Policy, format_loc
+
+_log = structlog.get_logger()
+
+REVISION_HEX_DIGITS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPolicy:
+    """A validated policy and where it came from."""
+
+    policy: Policy
+    source: str  # the file path, or a label such as "mqtt:polca/v1/site/policy"
+    revision: str  # first 12 hex digits of the SHA-256 of the text's bytes
+    text: str
+    path: Path | None = None  # set when read from a file
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """Outcome of ``PolicyStore.reload``: what is in force now and what went wrong."""
+
+    changed: bool  # a new revision is in force
+    loaded: LoadedPolicy | None  # the policy in force after the call (the last good one)
+    errors: tuple[str, ...] = ()  # FILE:LINE:COL problems; empty on success
+
+    @property
+    def ok(self) -> bool:
+        """True when the file was valid."""
+        return not self.errors
+
+
+def revision_of(data: bytes) -> str:
+    """The revision of a policy text: the first 12 hex digits of its SHA-256."""
+    return hashlib.sha256(data).hexdigest()[:REVISION_HEX_DIGITS]
+
+
+def load_policy(path: Path) -> LoadedPolicy:
+    """Read and validate the policy file at ``path``.
+
+    Raises:
+        PolicyError: the file is unreadable or invalid; ``problems`` has one line each.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        msg = f"cannot read policy file {path}: {exc.strerror or exc}"
+        raise PolicyError(msg, problems=(f"{path}:1:1: {msg}",)) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"policy file {path} is not UTF-8: {exc.reason} at byte {exc.start}"
+        raise PolicyError(msg, problems=(f"{path}:1:1: {msg}",)) from exc
+    loaded = _parse(text, source=str(path), revision=revision_of(data))
+    return LoadedPolicy(
+        policy=loaded.policy,
+        source=loaded.source,
+        revision=loaded.revision,
+        text=text,
+        path=path,
+    )
+
+
+def parse_policy(text: str, *, source: str) -> LoadedPolicy:
+    """Validate policy YAML received as text (e.g. over MQTT); ``source`` names it in errors.
+
+    Raises:
+        PolicyError: the text is invalid; ``problems`` has one ``SOURCE:LINE:COL`` line each.
+    """
+    return _parse(text, source=source, revision=revision_of(text.encode("utf-8")))
+
+
+def check_files(paths: Iterable[Path]) -> list[str]:
+    """Every problem in the given policy files, in order; an empty list means all are valid."""
+    problems: list[str] = []
+    for path in paths:
+        try:
+            load_policy(path)
+        except PolicyError as exc:
+            problems.extend(exc.problems)
+    return problems
+
+
+def _parse(text: str, *, source: str, revision: str) -> LoadedPolicy:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        what = " ".join(part for part in (exc.context, exc.problem) if part)
+        msg = f"{source}: invalid YAML: {what}"
+        raise PolicyError(msg, problems=(f"{source}:{line}:{col}: YAML syntax: {what}",)) from exc
+    except yaml.YAMLError as exc:
+        msg = f"{source}: invalid YAML: {exc}"
+        raise PolicyError(msg, problems=(f"{source}:1:1: YAML: {exc}",)) from exc
+    if root is None:
+        msg = f"{source}: the policy is empty"
+        raise PolicyError(msg, problems=(f"{source}:1:1: the policy is empty",))
+    duplicates = list(_duplicate_keys(root, source))
+    if duplicates:
+        msg = f"{source}: duplicate keys"
+        raise PolicyError(msg, problems=tuple(duplicates))
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        problems = tuple(_problems(exc, root, source))
+        noun = "problem" if len(problems) == 1 else "problems"
+        msg = f"{source}: invalid policy ({len(problems)} {noun})"
+        raise PolicyError(msg, problems=problems) from exc
+    return LoadedPolicy(policy=policy, source=source, revision=revision, text=text)
+
+
+def _duplicate_keys(node: yaml.Node, source: str) -> Iterable[str]:
+    # PyYAML silently keeps the last of two equal keys; a policy must not hide an edit.
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    yield f"{_at(source, key)}: duplicate key {key.value!r}"
+                seen.add(key.value)
+            yield from _duplicate_keys(value, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            yield from _duplicate_keys(item, source)
+
+
+def _problems(exc: ValidationError, root: yaml.Node, source: str) -> list[str]:
+    # Sorted by position like a compiler's output; the sort is stable for equal positions.
+    found: dict[str, tuple[int, int]] = {}
+    for err in exc.errors(include_url=False):
+        if err["type"] == RULE_ERROR_TYPE:
+            ctx: Mapping[str, Any] = err.get("ctx") or {}
+            for sub_loc, msg in ctx.get("problems", ()):
+                node, line = _line(source, root, (*err["loc"], *sub_loc), msg, kind="rule")
+                found.setdefault(line, (node.start_mark.line, node.start_mark.column))
+        else:
+            node, line = _line(source, root, err["loc"], _message(err), kind=err["type"])
+            found.setdefault(line, (node.start_mark.line, node.start_mark.column))
+    return sorted(found, key=found.__getitem__)
+
+
+def _message(err: ErrorDetails) -> str:
+    loc = err["loc"]
+    if err["type"] == "extra_forbidden" and loc:
+        return f"unknown key {loc[-1]!r}"
+    if err["type"] == "missing" and loc:
+        return f"missing required key {loc[-1]!r}"
+    if err["type"] == "model_type":
+        return "expected a mapping (key: value)"
+    if err["type"] == "tuple_type":
+        return "Input should be a list"
+    return str(err["msg"])
+
+
+def _line(source: str, root: yaml.Node, loc: Loc, msg: str, *, kind: str) -> tuple[yaml.Node, str]:
+    if kind == "missing":
+        node = _find(root, loc[:-1])  # the mapping that lacks the key
+    elif kind == "extra_forbidden":
+        node = _find(root, (*loc, KEY))  # the unknown key itself
+    else:
+        node = _find(root, loc)
+    where = format_loc(loc[:-1] if kind in {"missing", "extra_forbidden"} else loc)
+    prefix = f"{where}: " if where else ""
+    return node, f"{_at(source, node)}: {prefix}{msg}"
+
+
+def _at(source: str, node: yaml.Node) -> str:
+    return f"{source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def _find(root: yaml.Node, loc: Sequence[str | int]) -> yaml.Node:
+    """The deepest node along ``loc``; a trailing ``KEY`` selects the key node of a mapping."""
+    node = root
+    for i, part in enumerate(loc):
+        if part == KEY:
+            continue
+        want_key = i + 1 < len(loc) and loc[i + 1] == KEY
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    node = key if want_key else value
+                    break
+            else:
+                return node
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if not 0 <= part < len(node.value):
+                return node
+            node = node.value[part]
+        else:
+            return node
+    return node
+
+
+class PolicyStore:
+    """The policy file in force: reload on demand, keep the last good one on failure.
+
+    Construction does no I/O; call ``reload()`` to read the file the first time.
+    """
+
+    def __init__(self, path: Path) -> None:
+        """Watch ``path``; nothing is read until ``reload()``."""
+        self._path = path
+        self._current: LoadedPolicy | None = None
+
+    @property
+    def path(self) -> Path:
+        """The policy file."""
+        return self._path
+
+    @property
+    def current(self) -> LoadedPolicy | None:
+        """The last good policy, or None when no valid file was ever read."""
+        return self._current
+
+    def reload(self) -> ReloadResult:
+        """Read the file again; on failure keep the last good policy and report why."""
+        try:
+            loaded = load_policy(self._path)
+        except PolicyError as exc:
+            return self._failed(exc, source=str(self._path))
+        return self._accept(loaded)
+
+    def replace(self, text: str, *, source: str) -> ReloadResult:
+        """Put a policy received as text in force (e.g. pushed over MQTT), if valid."""
+        try:
+            loaded = parse_policy(text, source=source)
+        except PolicyError as exc:
+            return self._failed(exc, source=source)
+        return self._accept(loaded)
+
+    def _accept(self, loaded: LoadedPolicy) -> ReloadResult:
+        previous = self._current
+        if previous is not None and previous.revision == loaded.revision:
+            return ReloadResult(changed=False, loaded=previous)
+        self._current = loaded
+        _log.info(
+            "policy_loaded",
+            source=loaded.source,
+            policy=loaded.policy.name,
+            revision=loaded.revision,
+            previous_revision=previous.revision if previous else None,
+        )
+        return ReloadResult(changed=True, loaded=loaded)
+
+    def _failed(self, exc: PolicyError, *, source: str) -> ReloadResult:
+        kept = self._current
+        _log.warning(
+            "policy_reload_failed",
+            source=source,
+            problems=list(exc.problems),
+            kept_revision=kept.revision if kept else None,
+        )
+        return ReloadResult(changed=False, loaded=kept, errors=exc.problems or (str(exc),))

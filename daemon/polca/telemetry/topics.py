@@ -1,0 +1,87 @@
+"""The only place MQTT topic strings are built and parsed.
+
+Layout (the version segment is part of ``root``, default ``polca/v1``)::
+
+    {root}/{site}/{row}/{rack}/{node}/telemetry   agent -> aggregator, QoS 0
+    {root}/{site}/{row}/{rack}/{node}/status      retained, QoS 1, also the Last Will
+    {root}/{site}/{row}/{rack}/{node}/state       retained, QoS 1: caps in force and why
+    {root}/{site}/{row}/{rack}/{node}/events      QoS 1
+    {root}/{site}/{row}/{rack}/{node}/assign      retained: priority classes from a scheduler
+    {root}/{site}/{row}/control                   retained, QoS 1: row-scope control
+    {root}/{site}/{row}/{rack}/control            retained, QoS 1: rack-scope control
+    {root}/{site}/{row}/policy                    retained, QoS 1: the node policy bundle
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+NodeChannel = Literal["telemetry", "status", "state", "events", "assign"]
+NODE_CHANNELS: tuple[NodeChannel, ...] = ("telemetry", "status", "state", "events", "assign")
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _check_segment(kind: str, value: str) -> str:
+    if not _SEGMENT.match(value):
+        msg = f"invalid {kind} topic segment {value!r}: use letters, digits, '_', '.', '-'"
+        raise ValueError(msg)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddress:
+    """Where one node sits: site, row (power domain), rack, node."""
+
+    site: str
+    row: str
+    rack: str
+    node: str
+
+    def __post_init__(self) -> None:
+        for kind in ("site", "row", "rack", "node"):
+            _check_segment(kind, getattr(self, kind))
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic builder and parser for one topic root."""
+
+    root: str = "polca/v1"
+
+    def node(self, addr: NodeAddress, channel: NodeChannel) -> str:
+        """The topic of one of a node's channels."""
+        return f"{self.root}/{addr.site}/{addr.row}/{addr.rack}/{addr.node}/{channel}"
+
+    def row_control(self, site: str, row: str) -> str:
+        """Row-scope control topic."""
+        return f"{self.root}/{site}/{row}/control"
+
+    def rack_control(self, site: str, row: str, rack: str) -> str:
+        """Rack-scope control topic."""
+        return f"{self.root}/{site}/{row}/{rack}/control"
+
+    def policy(self, site: str, row: str) -> str:
+        """The retained node policy of a row."""
+        return f"{self.root}/{site}/{row}/policy"
+
+    def all_nodes(self, site: str = "+", row: str = "+", channel: str = "+") -> str:
+        """A subscription filter over node channels."""
+        return f"{self.root}/{site}/{row}/+/+/{channel}"
+
+    def parse_node(self, topic: str) -> tuple[NodeAddress, NodeChannel] | None:
+        """Split a node topic into its address and channel; None if it is not one."""
+        prefix = self.root + "/"
+        if not topic.startswith(prefix):
+            return None
+        parts = topic[len(prefix) :].split("/")
+        if len(parts) != 5 or parts[4] not in NODE_CHANNELS:  # noqa: PLR2004
+            return None
+        try:
+            addr = NodeAddress(*parts[:4])
+        except ValueError:
+            return None
+        channel: NodeChannel = parts[4]  # type: ignore[assignment]
+        return addr, channel
