@@ -120,7 +120,11 @@ def run(gpus: int, iterations: int, warmup: int) -> dict[str, Any]:
         },
         "floor_tick_ms": calls_per_tick * bare_median_us / 1000,
         "target_tick_ms": TARGET_TICK_MS,
+        "meets_target_median": tick_median_ms <= TARGET_TICK_MS,
         "meets_target": percentile(ticks_ms, 0.99) <= TARGET_TICK_MS,
+        # p99/median of a call that does no work: far above 1 means other processes took
+        # the CPU during the run, and the p99 figures measure them, not polca.
+        "cpu_noise_ratio": percentile(noop_us, 0.99) / statistics.median(noop_us),
         "environment": {
             "python": platform.python_version(),
             "nvidia_ml_py": importlib.metadata.version("nvidia-ml-py"),
@@ -148,8 +152,13 @@ def print_table(result: dict[str, Any]) -> None:
     calls = result["nvml_calls_per_tick"]
     print(f"NVML calls per tick: {calls:.0f} ({calls / gpus:.0f} per GPU)")
     print(f"floor: {calls:.0f} bare ctypes calls = {result['floor_tick_ms']:.3f} ms per tick")
-    verdict = "met" if result["meets_target"] else "MISSED"
-    print(f"target: p99 tick <= {result['target_tick_ms']:.1f} ms: {verdict}")
+    target = result["target_tick_ms"]
+    median_verdict = "met" if result["meets_target_median"] else "MISSED"
+    p99_verdict = "met" if result["meets_target"] else "MISSED"
+    print(f"target {target:.1f} ms per tick: median {median_verdict}, p99 {p99_verdict}")
+    noise = result["cpu_noise_ratio"]
+    if noise > 5:
+        print(f"note: a no-work call's p99 is {noise:.0f}x its median: the CPU was shared")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -162,7 +162,9 @@ def gpu_load(
 # ---- the checks -----------------------------------------------------------------------------
 
 
-def check_reads(pynvml: Any, handle: Any, index: int, iterations: int) -> dict[str, Any]:
+def check_reads(
+    pynvml: Any, handle: Any, index: int, iterations: int, window_s: float
+) -> dict[str, Any]:
     """Latency of each read the agent makes, field support, and the power sensor period."""
     reads: dict[str, Callable[[], object]] = {
         "nvmlDeviceGetFieldValues[186,185,82,191]": lambda: pynvml.nvmlDeviceGetFieldValues(
@@ -193,7 +195,7 @@ def check_reads(pynvml: Any, handle: Any, index: int, iterations: int) -> dict[s
     result: dict[str, Any] = {name: time_call(fn, iterations) for name, fn in reads.items()}
     entries = pynvml.nvmlDeviceGetFieldValues(handle, list(SAMPLE_FIELDS))
     result["field_return_codes"] = {int(e.fieldId): int(e.nvmlReturn) for e in entries}
-    result["power_sensor"] = power_sensor_period(pynvml, handle)
+    result["power_sensor"] = power_sensor_period(pynvml, handle, 2 * window_s)
     try:
         import structlog
 
@@ -212,7 +214,7 @@ def check_reads(pynvml: Any, handle: Any, index: int, iterations: int) -> dict[s
     return result
 
 
-def power_sensor_period(pynvml: Any, handle: Any, duration_s: float = 2.0) -> dict[str, Any]:
+def power_sensor_period(pynvml: Any, handle: Any, duration_s: float) -> dict[str, Any]:
     """How often the instant-power field gets a new driver timestamp (polled every 1 ms)."""
     stamps: list[int] = []
     end = time.perf_counter() + duration_s
@@ -237,7 +239,7 @@ def instant_power_mw(pynvml: Any, handle: Any) -> int | None:
     return int(pynvml.nvmlDeviceGetPowerUsage(handle))
 
 
-def mean_power_mw(pynvml: Any, handle: Any, duration_s: float = 1.0) -> float:
+def mean_power_mw(pynvml: Any, handle: Any, duration_s: float) -> float:
     """Mean instant power over ``duration_s``."""
     readings: list[int] = []
     end = time.perf_counter() + duration_s
@@ -249,7 +251,9 @@ def mean_power_mw(pynvml: Any, handle: Any, duration_s: float = 1.0) -> float:
     return statistics.fmean(readings) if readings else float("nan")
 
 
-def check_power_limit(pynvml: Any, handle: Any, settle_s: float, busy: bool) -> dict[str, Any]:
+def check_power_limit(
+    pynvml: Any, handle: Any, settle_s: float, busy: bool, window_s: float
+) -> dict[str, Any]:
     """Set min + 100 W; time the call, the enforced limit and the measured power."""
     min_mw, max_mw = (int(v) for v in pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle))
     original_mw = int(pynvml.nvmlDeviceGetPowerManagementLimit(handle))
@@ -260,7 +264,7 @@ def check_power_limit(pynvml: Any, handle: Any, settle_s: float, busy: bool) -> 
         "original_mw": original_mw,
         "target_mw": target_mw,
         "busy": busy,
-        "power_before_mw": mean_power_mw(pynvml, handle),
+        "power_before_mw": mean_power_mw(pynvml, handle, window_s),
     }
     trace: list[tuple[float, int | None]] = []
     last_trace = [-1.0]
@@ -284,7 +288,7 @@ def check_power_limit(pynvml: Any, handle: Any, settle_s: float, busy: bool) -> 
         result["power_under_limit_after_ms"] = None if below_s is None else below_s * 1000
     else:
         result["power_under_limit_after_ms"] = "n/a: power already below the target"
-    result["power_after_mw"] = mean_power_mw(pynvml, handle)
+    result["power_after_mw"] = mean_power_mw(pynvml, handle, window_s)
     result["power_trace_s_mw"] = trace[:500]
     start = time.perf_counter()
     pynvml.nvmlDeviceSetPowerManagementLimit(handle, original_mw)
@@ -296,7 +300,9 @@ def check_power_limit(pynvml: Any, handle: Any, settle_s: float, busy: bool) -> 
     return result
 
 
-def check_clock_lock(pynvml: Any, handle: Any, settle_s: float, busy: bool) -> dict[str, Any]:
+def check_clock_lock(
+    pynvml: Any, handle: Any, settle_s: float, busy: bool, window_s: float
+) -> dict[str, Any]:
     """Lock the SM clock at about 60 % of max; time the call and the clock reaching it."""
     from polca.gpu.clocks import snap_sm_clock_mhz
 
@@ -309,7 +315,7 @@ def check_clock_lock(pynvml: Any, handle: Any, settle_s: float, busy: bool) -> d
         "target_mhz": target_mhz,
         "busy": busy,
         "sm_clock_before_mhz": int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
-        "power_before_mw": mean_power_mw(pynvml, handle, 0.5),
+        "power_before_mw": mean_power_mw(pynvml, handle, window_s),
     }
 
     def sm_mhz() -> int:
@@ -321,7 +327,7 @@ def check_clock_lock(pynvml: Any, handle: Any, settle_s: float, busy: bool) -> d
     reached_s = wait_until(lambda: abs(sm_mhz() - target_mhz) <= 15, settle_s)
     result["clock_reached_after_ms"] = None if reached_s is None else reached_s * 1000
     result["sm_clock_locked_mhz"] = sm_mhz()
-    result["power_locked_mw"] = mean_power_mw(pynvml, handle, 0.5)
+    result["power_locked_mw"] = mean_power_mw(pynvml, handle, window_s)
     start = time.perf_counter()
     pynvml.nvmlDeviceResetGpuLockedClocks(handle)
     result["reset_call_ms"] = (time.perf_counter() - start) * 1000
@@ -500,7 +506,7 @@ def run_checks(args: argparse.Namespace, report: dict[str, Any]) -> None:
             with contextlib.suppress(pynvml.NVMLError):
                 original_limits_mw[index] = int(pynvml.nvmlDeviceGetPowerManagementLimit(each))
         report["original_limits_mw"] = original_limits_mw
-        report["reads"] = check_reads(pynvml, handle, args.gpu, args.iterations)
+        report["reads"] = check_reads(pynvml, handle, args.gpu, args.iterations, args.window_s)
         if args.no_writes:
             report["writes"] = "skipped (--no-writes)"
             return
@@ -512,7 +518,7 @@ def run_checks(args: argparse.Namespace, report: dict[str, Any]) -> None:
             }
             for name, step in steps.items():
                 try:
-                    report[name] = step(pynvml, handle, args.settle_s, busy)
+                    report[name] = step(pynvml, handle, args.settle_s, busy, args.window_s)
                 except pynvml.NVMLError as exc:
                     report[name] = {"error": f"{type(exc).__name__}: {exc}"}
         try:
@@ -567,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="JSON report")
     parser.add_argument("--iterations", type=int, default=200, help="calls per read timing")
     parser.add_argument("--settle-s", type=float, default=10.0, help="wait for an effect (10)")
+    parser.add_argument("--window-s", type=float, default=1.0, help="power averaging window (1.0)")
     parser.add_argument("--agent-seconds", type=float, default=30.0, help="agent run; 0 skips")
     parser.add_argument("--no-writes", action="store_true", help="reads only")
     parser.add_argument("--no-load", action="store_true", help="no torch load during writes")

@@ -31,7 +31,8 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     yield
     await asyncio.sleep(0)
     leaked = [
-        task for task in asyncio.all_tasks() - before
+        task
+        for task in asyncio.all_tasks() - before
         if task is not asyncio.current_task() and not task.done()
     ]
     for task in leaked:

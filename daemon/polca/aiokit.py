@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -35,7 +36,9 @@ async def guard(name: str, coro: Coroutine[Any, Any, object]) -> None:
     raise UnexpectedReturnError(msg)
 
 
-def backoff_delays(min_s: float, max_s: float, *, rng: random.Random | None = None) -> Iterator[float]:
+def backoff_delays(
+    min_s: float, max_s: float, *, rng: random.Random | None = None
+) -> Iterator[float]:
     """Exponential delays with full jitter: uniform(0, min(max_s, min_s * 2**n))."""
     rand = rng or random.Random()  # noqa: S311 - jitter, not cryptography
     ceiling = min_s
@@ -52,3 +55,11 @@ async def wait_first(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def install_signal_handlers(stop: asyncio.Event, reload: asyncio.Event) -> None:
+    """SIGTERM/SIGINT request a stop; SIGHUP requests a policy reload."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload.set)

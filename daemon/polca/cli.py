@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from polca import __version__, logs
+from polca import __version__, aiokit, logs
 from polca.errors import FatalError, PolcaError, PolicyError
 
 EX_CONFIG = 78
@@ -38,9 +37,13 @@ def _parser() -> argparse.ArgumentParser:
         "printing what is published and applied",
     )
     _agent_args(demo)
-    demo.add_argument("--budget-w", type=float, default=None,
-                      help="row power budget for the demo controller (default: 85%% of the "
-                      "GPUs' total default limit, so the load reaches T1 and T2)")
+    demo.add_argument(
+        "--budget-w",
+        type=float,
+        default=None,
+        help="row power budget for the demo controller (default: 85%% of the "
+        "GPUs' total default limit, so the load reaches T1 and T2)",
+    )
 
     policy = sub.add_parser("policy", help="policy files")
     psub = policy.add_subparsers(dest="policy_command", required=True)
@@ -52,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     csub = config.add_subparsers(dest="config_command", required=True)
     csub.add_parser("docs", help="print the configuration reference (Markdown)")
     csub.add_parser("show", help="print the effective settings (secrets hidden)").add_argument(
-        "--config", type=Path, default=None)
+        "--config", type=Path, default=None
+    )
     return parser
 
 
@@ -61,10 +65,14 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["nvml", "simulated"], default=None)
     p.add_argument("--policy", type=Path, default=None, help="policy file (agent.policy_file)")
     p.add_argument("--broker", default=None, help="MQTT broker host[:port]")
-    p.add_argument("--embedded-broker", action="store_true",
-                   help="run an in-process MQTT broker and connect to it")
-    p.add_argument("--observe-only", action="store_true", default=None,
-                   help="never write to the GPUs")
+    p.add_argument(
+        "--embedded-broker",
+        action="store_true",
+        help="run an in-process MQTT broker and connect to it",
+    )
+    p.add_argument(
+        "--observe-only", action="store_true", default=None, help="never write to the GPUs"
+    )
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
@@ -132,9 +140,12 @@ def _run_service(args: argparse.Namespace) -> int:
 
             asyncio.run(run_demo(settings, duration_s=args.duration, budget_w=args.budget_w))
         else:
-            asyncio.run(_agent_main(settings, duration_s=args.duration,
-                                    embedded_broker=args.embedded_broker))
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - classified below
+            asyncio.run(
+                _agent_main(
+                    settings, duration_s=args.duration, embedded_broker=args.embedded_broker
+                )
+            )
+    except (Exception, KeyboardInterrupt) as exc:
         return _exit_code(exc, log)
     return 0
 
@@ -152,8 +163,7 @@ def _exit_code(exc: BaseException, log: Any) -> int:
         elif isinstance(leaf, PolcaError):
             log.critical("agent_failed", error=str(leaf), kind=type(leaf).__name__)
         elif not isinstance(leaf, KeyboardInterrupt):
-            log.critical("agent_crashed", error=str(leaf), kind=type(leaf).__name__,
-                         exc_info=leaf)
+            log.critical("agent_crashed", error=str(leaf), kind=type(leaf).__name__, exc_info=leaf)
     return code
 
 
@@ -194,18 +204,11 @@ async def _agent_main(settings: Any, *, duration_s: float | None, embedded_broke
                 update={"mqtt": settings.mqtt.model_copy(update={"port": broker.port})}
             )
         agent = Agent(
-            settings, backend=make_backend(settings),
+            settings,
+            backend=make_backend(settings),
             policy_store=PolicyStore(settings.agent.policy_file),
         )
-        install_signal_handlers(agent.stop_requested, agent.reload_requested)
+        aiokit.install_signal_handlers(agent.stop_requested, agent.reload_requested)
         if duration_s is not None:
             asyncio.get_running_loop().call_later(duration_s, agent.stop_requested.set)
         await agent.run()
-
-
-def install_signal_handlers(stop: asyncio.Event, reload: asyncio.Event) -> None:
-    """SIGTERM/SIGINT request a stop; SIGHUP requests a policy reload."""
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, reload.set)

@@ -24,6 +24,7 @@ from typing import TextIO
 
 import structlog
 
+from polca import aiokit
 from polca.agent.runtime import Agent
 from polca.aiokit import guard
 from polca.gpu.simulated import SimulatedBackend
@@ -85,8 +86,10 @@ class DemoController:
             self._on_telemetry(payload)
         elif isinstance(payload, Control):
             name = payload.level_name or str(payload.level)
-            self._print(f"-> control  level {payload.level} ({name})  seq {payload.seq}  "
-                        f"lease {LEASE_S:.0f}s  {payload.reason}")
+            self._print(
+                f"-> control  level {payload.level} ({name})  seq {payload.seq}  "
+                f"lease {LEASE_S:.0f}s  {payload.reason}"
+            )
         elif isinstance(payload, State):
             caps = ", ".join(
                 f"gpu{g.index}[{g.priority_class}] "
@@ -110,8 +113,11 @@ class DemoController:
         pct = 100.0 * power_w / self.budget_w
         self.summary.peak_pct = max(self.summary.peak_pct, pct)
         self.summary.level_s[msg.level] += 1
-        hot = max((g for g in msg.gpus if g.gpu_temp_c is not None),
-                  key=lambda g: g.gpu_temp_c or 0.0, default=None)
+        hot = max(
+            (g for g in msg.gpus if g.gpu_temp_c is not None),
+            key=lambda g: g.gpu_temp_c or 0.0,
+            default=None,
+        )
         clocks = " ".join(f"{g.sm_clock_mhz or 0:>4}" for g in msg.gpus)
         marks = " ".join(f"{lvl.name}={lvl.threshold_pct:.0f}%" for lvl in levels)
         self._print(
@@ -120,17 +126,30 @@ class DemoController:
             + (f"  hottest gpu{hot.index} {hot.gpu_temp_c:.0f} C" if hot else "")
         )
         now_s = time.monotonic()
-        new = next_level(power_w=power_w, budget_w=self.budget_w, policy=policy.policy,
-                         state=self.ladder, now_s=now_s)
+        new = next_level(
+            power_w=power_w,
+            budget_w=self.budget_w,
+            policy=policy.policy,
+            state=self.ladder,
+            now_s=now_s,
+        )
         self.ladder = new
         self.seq += 1
         now_ns = time.time_ns()
         name = levels[new.level - 1].name if new.level else "nominal"
         t = self.settings.topics
         control = Control(
-            ts_ns=now_ns, scope="row", row=t.row, issuer="demo", epoch_ns=self.epoch_ns,
-            seq=self.seq, level=new.level, level_name=name, issued_ns=now_ns,
-            lease_expires_ns=now_ns + int(LEASE_S * 1e9), policy_revision=policy.revision,
+            ts_ns=now_ns,
+            scope="row",
+            row=t.row,
+            issuer="demo",
+            epoch_ns=self.epoch_ns,
+            seq=self.seq,
+            level=new.level,
+            level_name=name,
+            issued_ns=now_ns,
+            lease_expires_ns=now_ns + int(LEASE_S * 1e9),
+            policy_revision=policy.revision,
             reason=f"row power {pct:.1f}% of budget",
         )
         self.bus.publish_nowait(
@@ -147,18 +166,24 @@ class DemoController:
         self._print("\n== polca demo summary ==")
         for level, count in sorted(self.summary.level_s.items()):
             self._print(f"level {level}: {count:4d} s ({100.0 * count / total:5.1f}%)")
-        self._print(f"peak node power: {self.summary.peak_pct:.1f}% of the {self.budget_w:.0f} W budget")
+        self._print(
+            f"peak node power: {self.summary.peak_pct:.1f}% of the {self.budget_w:.0f} W budget"
+        )
         self._print(f"cap changes applied: {self.summary.cap_events}")
         self._print(f"messages seen: {dict(self.summary.messages)}")
 
 
 async def run_demo(
-    settings: Settings, *, duration_s: float | None, budget_w: float | None, out: TextIO = sys.stdout
+    settings: Settings,
+    *,
+    duration_s: float | None,
+    budget_w: float | None,
+    out: TextIO = sys.stdout,
 ) -> None:
     """Run broker, agent and demo controller until ``duration_s`` passes or a signal."""
-    from polca.cli import install_signal_handlers  # noqa: PLC0415 - avoid a cycle at import
-
-    agent_overrides: dict[str, object] = {"startup_grace_s": min(settings.agent.startup_grace_s, 10.0)}
+    agent_overrides: dict[str, object] = {
+        "startup_grace_s": min(settings.agent.startup_grace_s, 10.0)
+    }
     if "policy_file" not in settings.agent.model_fields_set:
         agent_overrides["policy_file"] = DEMO_POLICY
     async with contextlib.AsyncExitStack() as stack:
@@ -168,7 +193,10 @@ async def run_demo(
         settings = settings.model_copy(
             update={"agent": settings.agent.model_copy(update=agent_overrides)}
         )
-        if settings.mqtt.host in ("127.0.0.1", "localhost") and "port" not in settings.mqtt.model_fields_set:
+        if (
+            settings.mqtt.host in ("127.0.0.1", "localhost")
+            and "port" not in settings.mqtt.model_fields_set
+        ):
             from polca.telemetry.broker import EmbeddedBroker  # noqa: PLC0415
 
             broker = await stack.enter_async_context(EmbeddedBroker(host="127.0.0.1", port=0))
@@ -177,19 +205,24 @@ async def run_demo(
             )
             out.write(f"embedded MQTT broker on 127.0.0.1:{broker.port}\n")
         backend = SimulatedBackend(
-            count=settings.gpu.simulated_count, model=settings.gpu.simulated_model,
-            load=settings.gpu.simulated_load, seed=settings.gpu.simulated_seed,
+            count=settings.gpu.simulated_count,
+            model=settings.gpu.simulated_model,
+            load=settings.gpu.simulated_load,
+            seed=settings.gpu.simulated_seed,
         )
-        agent = Agent(settings, backend=backend, policy_store=PolicyStore(settings.agent.policy_file))
+        agent = Agent(
+            settings, backend=backend, policy_store=PolicyStore(settings.agent.policy_file)
+        )
         if budget_w is None:
             infos = backend.discover()
             budget_w = 0.85 * sum((i.power_limit_default_mw or 0) for i in infos) / 1000.0
         controller = DemoController(settings, budget_w=budget_w, out=out)
-        install_signal_handlers(agent.stop_requested, agent.reload_requested)
+        aiokit.install_signal_handlers(agent.stop_requested, agent.reload_requested)
         if duration_s is not None:
             asyncio.get_running_loop().call_later(duration_s, agent.stop_requested.set)
-        structlog.get_logger().info("demo_started", budget_w=budget_w,
-                                    policy=str(settings.agent.policy_file))
+        structlog.get_logger().info(
+            "demo_started", budget_w=budget_w, policy=str(settings.agent.policy_file)
+        )
         async with asyncio.TaskGroup() as tg:
             bus_task = tg.create_task(controller.bus.run())
             ctl_task = tg.create_task(guard("demo_controller", controller.run()))

@@ -56,9 +56,7 @@ class MqttSettings(_Group):
     tls_ca_file: Path | None = Field(None, description="CA bundle to verify the broker with.")
     tls_cert_file: Path | None = Field(None, description="Client certificate for mutual TLS.")
     tls_key_file: Path | None = Field(None, description="Client key for mutual TLS.")
-    tls_insecure: bool = Field(
-        False, description="Skip the broker host name check (testing only)."
-    )
+    tls_insecure: bool = Field(False, description="Skip the broker host name check (testing only).")
     keepalive_s: int = Field(15, ge=5, le=3600, description="MQTT keepalive interval.")
     connect_timeout_s: float = Field(10.0, gt=0, description="Timeout of each MQTT operation.")
     reconnect_min_s: float = Field(
@@ -173,11 +171,11 @@ class Settings(BaseSettings):
         yaml_file=None,
     )
 
-    mqtt: MqttSettings = Field(default_factory=MqttSettings)  # type: ignore[arg-type]
-    topics: TopicSettings = Field(default_factory=TopicSettings)  # type: ignore[arg-type]
-    gpu: GpuSettings = Field(default_factory=GpuSettings)  # type: ignore[arg-type]
-    agent: AgentSettings = Field(default_factory=AgentSettings)  # type: ignore[arg-type]
-    logging: LoggingSettings = Field(default_factory=LoggingSettings)  # type: ignore[arg-type]
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+    gpu: GpuSettings = Field(default_factory=GpuSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -228,14 +226,20 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
     from polca.errors import ConfigError  # noqa: PLC0415
 
-    path = config_file or (Path(os.environ["POLCA_CONFIG"]) if "POLCA_CONFIG" in os.environ else None)
+    path = config_file or (
+        Path(os.environ["POLCA_CONFIG"]) if "POLCA_CONFIG" in os.environ else None
+    )
     if path is not None:
         try:
             raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as exc:
             msg = f"cannot read configuration {path}: {exc}"
             raise ConfigError(msg) from exc
-        if isinstance(raw, dict) and isinstance(raw.get("mqtt"), dict) and "password" in raw["mqtt"]:
+        if (
+            isinstance(raw, dict)
+            and isinstance(raw.get("mqtt"), dict)
+            and "password" in raw["mqtt"]
+        ):
             msg = (
                 f"{path}: mqtt.password is not allowed in the configuration file; use "
                 "mqtt.password_file, POLCA_MQTT__PASSWORD or the mqtt_password credential"

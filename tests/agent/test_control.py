@@ -9,13 +9,29 @@ S = 1_000_000_000
 
 
 def _control(
-    *, seq: int, level: int = 1, scope: str = "row", rack: str | None = None, row: str = "row1",
-    issued_ns: int = 100 * S, lease_s: float = 10, epoch_ns: int = 1, observe: bool = False,
+    *,
+    seq: int,
+    level: int = 1,
+    scope: str = "row",
+    rack: str | None = None,
+    row: str = "row1",
+    issued_ns: int = 100 * S,
+    lease_s: float = 10,
+    epoch_ns: int = 1,
+    observe: bool = False,
 ) -> Control:
     return Control(
-        ts_ns=issued_ns, scope=scope, row=row, rack=rack, issuer="agg", epoch_ns=epoch_ns,
-        seq=seq, level=level, issued_ns=issued_ns,
-        lease_expires_ns=issued_ns + int(lease_s * S), observe=observe,
+        ts_ns=issued_ns,
+        scope=scope,
+        row=row,
+        rack=rack,
+        issuer="agg",
+        epoch_ns=epoch_ns,
+        seq=seq,
+        level=level,
+        issued_ns=issued_ns,
+        lease_expires_ns=issued_ns + int(lease_s * S),
+        observe=observe,
     )
 
 

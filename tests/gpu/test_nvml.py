@@ -10,6 +10,7 @@ state) run in a subprocess.
 from __future__ import annotations
 
 import ctypes.util
+import json
 import subprocess
 import sys
 import textwrap
@@ -553,6 +554,14 @@ def test_unlisted_code_is_a_plain_gpu_error() -> None:
     assert "failed on NVML" in str(error)
 
 
+def test_fake_refuses_unknown_keys(fake_nvml: FakeNvml) -> None:
+    """A typo in a fake key fails loudly instead of being ignored by the library."""
+    with pytest.raises(KeyError, match="power_watts"):
+        fake_nvml.set(0, power_watts=1)
+    with pytest.raises(KeyError, match="gpu_temp_c"):
+        fake_nvml.set(gpu_temp_c=50)  # a GPU key without a GPU
+
+
 # ---- another process ----------------------------------------------------------------------
 
 _DRIVER_SCRIPT = """
@@ -610,3 +619,34 @@ def test_another_process_is_driven_through_the_state_file(
             proc.stdin.close()
             proc.wait(timeout=30)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def test_gpu_check_script_runs_against_the_fake(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    """bench/gpu_check.py completes on the fake, confirms the _v2 bug and restores the GPU."""
+    out = tmp_path / "gpu_check.json"
+    argv = [sys.executable, "bench/gpu_check.py", "--out", str(out), "--agent-seconds", "0"]
+    argv += ["--iterations", "20", "--window-s", "0.05", "--settle-s", "2"]
+    result = subprocess.run(
+        argv,
+        env=fake_nvml.env(),
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert "fatal" not in report
+    assert report["gpu"]["name"] == H100
+    assert report["reads"]["nvmlDeviceGetFieldValues[186,185,82,191]"]["n"] == 20
+    assert report["reads"]["NvmlBackend.sample"]["n"] == 20
+    assert report["power_limit"]["target_mw"] == 300_000
+    assert report["power_limit"]["enforced_after_ms"] is not None
+    assert report["clock_lock"]["sm_clock_locked_mhz"] == report["clock_lock"]["target_mhz"]
+    assert report["v2_binding_bug"]["bug_confirmed"] is True
+    assert report["v2_binding_bug"]["c_function_returned"] == 2
+    assert report["restore"]["gpu0_clocks"] == "reset"
+    state = fake_nvml.get(0)
+    assert state["power_limit_mw"] == 700_000
+    assert (state["locked_min_mhz"], state["locked_max_mhz"]) == (0, 0)

@@ -32,10 +32,31 @@ def test_round_trip_by_kind() -> None:
         (b"[1, 2]", "JSON object"),
         (b'{"schema_version": 2, "kind": "status"}', "schema_version 2"),
         (b'{"schema_version": 1, "kind": "nope", "ts_ns": 1}', "schema error"),
-        (json.dumps({"schema_version": 1, "kind": "status", "ts_ns": 1, "state": "online",
-                     "node": "n", "extra": 1}).encode(), "extra"),
-        (json.dumps({"schema_version": 1, "kind": "status", "ts_ns": 1, "state": "online",
-                     "node": "bad/node"}).encode(), "node"),
+        (
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "kind": "status",
+                    "ts_ns": 1,
+                    "state": "online",
+                    "node": "n",
+                    "extra": 1,
+                }
+            ).encode(),
+            "extra",
+        ),
+        (
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "kind": "status",
+                    "ts_ns": 1,
+                    "state": "online",
+                    "node": "bad/node",
+                }
+            ).encode(),
+            "node",
+        ),
         (b" " * (MAX_PAYLOAD_BYTES + 1), "exceeds"),
     ],
 )

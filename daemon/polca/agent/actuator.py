@@ -60,9 +60,7 @@ class ApplyResult:
         return [o for o in self.outcomes if o.action == action]
 
 
-def desired_setting(
-    info: GpuInfo, target: GpuTarget, baseline_limit_mw: int | None
-) -> Setting:
+def desired_setting(info: GpuInfo, target: GpuTarget, baseline_limit_mw: int | None) -> Setting:
     """The clamped, snapped hardware setting for one target."""
     clocks: tuple[int, int] | None = None
     cap = target.sm_clock_max_mhz
@@ -207,7 +205,9 @@ class Actuator:
                         f"power limit read back as {readback.power_limit_mw} mW after "
                         f"setting {want.power_limit_mw} mW"
                     )
-                    return GpuOutcome(index, info.uuid, "failed", have, enforced, tuple(changes), msg)
+                    return GpuOutcome(
+                        index, info.uuid, "failed", have, enforced, tuple(changes), msg
+                    )
         except GpuLostError as exc:
             return GpuOutcome(index, info.uuid, "lost", have, None, tuple(changes), str(exc))
         except GpuError as exc:

@@ -164,7 +164,10 @@ class Agent:
         self.infos = {info.index: info for info in infos}
         for info in infos:
             self.log.info(
-                "gpu_discovered", gpu=info.index, uuid=info.uuid, name=info.name,
+                "gpu_discovered",
+                gpu=info.index,
+                uuid=info.uuid,
+                name=info.name,
                 sm_clock_max_mhz=info.sm_clock_max_mhz,
                 power_limit_default_mw=info.power_limit_default_mw,
             )
@@ -173,7 +176,9 @@ class Agent:
         if not observe:
             await self.gpu.check_write_access()
         samples = await self._sample_once()
-        self.actuator = Actuator(self.backend, dict(self.infos), reassert=self.settings.agent.reassert)
+        self.actuator = Actuator(
+            self.backend, dict(self.infos), reassert=self.settings.agent.reassert
+        )
         self.actuator.adopt(list(samples.values()))
         if not observe:
             await self._adopt_baseline(samples)
@@ -184,7 +189,9 @@ class Agent:
                 msg = f"policy {self.settings.agent.policy_file} is invalid: {problems}"
                 raise PolicyError(msg, problems=tuple(result.errors))
         self.log.info(
-            "policy_loaded", policy=self.policy.policy.name, revision=self.policy.revision,
+            "policy_loaded",
+            policy=self.policy.policy.name,
+            revision=self.policy.revision,
             path=str(self.policy.path),
         )
 
@@ -195,8 +202,10 @@ class Agent:
             # The last run died without restoring: put the originals back first.
             result = await self.gpu.run(partial(self.actuator.restore, existing, force_unlock=True))
             self.log.warning(
-                "baseline_restored_after_crash", path=str(self.baseline_store.path),
-                restored=len(result.by_action("applied")), failed=len(result.by_action("failed")),
+                "baseline_restored_after_crash",
+                path=str(self.baseline_store.path),
+                restored=len(result.by_action("applied")),
+                failed=len(result.by_action("failed")),
             )
             self.baseline = existing
         elif existing is not None:
@@ -241,7 +250,9 @@ class Agent:
         self.notifier.stopping()
         reason = "stopped"
         if self.actuator is not None and not self.settings.agent.observe_only:
-            on_stop = self.policy_store.current.policy.on_stop if self.policy_store.current else "restore"
+            on_stop = (
+                self.policy_store.current.policy.on_stop if self.policy_store.current else "restore"
+            )
             try:
                 async with asyncio.timeout(self.settings.agent.stop_timeout_s):
                     if on_stop == "restore":
@@ -249,15 +260,21 @@ class Agent:
                         failed = result.by_action("failed")
                         if not failed:
                             self.baseline_store.remove()
-                        self.log.info("gpu_settings_restored", restored=len(result.by_action("applied")),
-                                      failed=len(failed))
+                        self.log.info(
+                            "gpu_settings_restored",
+                            restored=len(result.by_action("applied")),
+                            failed=len(failed),
+                        )
                     elif self.baseline is not None:
                         kept = Baseline(self.baseline.gpus, self.baseline.saved_ns, kept=True)
                         self.baseline_store.save(kept)
                         self.log.info("gpu_caps_kept", path=str(self.baseline_store.path))
             except TimeoutError:
-                self.log.error("restore_timed_out", timeout_s=self.settings.agent.stop_timeout_s,
-                               baseline=str(self.baseline_store.path))
+                self.log.error(
+                    "restore_timed_out",
+                    timeout_s=self.settings.agent.stop_timeout_s,
+                    baseline=str(self.baseline_store.path),
+                )
                 reason = "stopped; restore timed out"
         if self.bus is not None:
             final = [self._status_message("offline", reason=reason)]
@@ -302,7 +319,7 @@ class Agent:
         current = self.policy_store.current
         return Status(
             ts_ns=self.clock_ns(),
-            state=state,  # type: ignore[arg-type]
+            state=state,
             node=self.addr.node,
             agent_version=__version__,
             backend=self.settings.gpu.backend,
@@ -316,8 +333,10 @@ class Agent:
 
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
         return OutMessage(
-            self.topics.node(self.addr, "status"), encode(self._status(state, reason=reason)),
-            qos=1, retain=True,
+            self.topics.node(self.addr, "status"),
+            encode(self._status(state, reason=reason)),
+            qos=1,
+            retain=True,
         )
 
     def _state_message(self) -> OutMessage:
@@ -328,7 +347,9 @@ class Agent:
             limit = target.power_limit_mw
             gpus.append(
                 GpuCaps(
-                    index=target.index, uuid=target.uuid, priority_class=target.priority_class,
+                    index=target.index,
+                    uuid=target.uuid,
+                    priority_class=target.priority_class,
                     sm_clock_max_mhz=target.sm_clock_max_mhz,
                     power_limit_w=None if limit is None else limit / 1000.0,
                     reasons=target.reasons,
@@ -346,7 +367,9 @@ class Agent:
             observe_only=self.settings.agent.observe_only,
             lease_expires_ns=lease.expires_ns if lease else None,
             control_seq=lease.control.seq if lease else None,
-            policy_revision=self.policy_store.current.revision if self.policy_store.current else None,
+            policy_revision=self.policy_store.current.revision
+            if self.policy_store.current
+            else None,
             gpus=tuple(gpus),
         )
         return OutMessage(self.topics.node(self.addr, "state"), encode(state), qos=1, retain=True)
@@ -354,8 +377,13 @@ class Agent:
     def _event(self, name: str, *, gpu: int | None = None, **detail: Any) -> None:
         uuid = self.infos[gpu].uuid if gpu is not None and gpu in self.infos else None
         event = Event(
-            ts_ns=self.clock_ns(), seq=self.counters.next_seq(), node=self.addr.node,
-            event=name, gpu=gpu, uuid=uuid, detail=detail,
+            ts_ns=self.clock_ns(),
+            seq=self.counters.next_seq(),
+            node=self.addr.node,
+            event=name,
+            gpu=gpu,
+            uuid=uuid,
+            detail=detail,
         )
         if self.bus is not None:
             self.bus.publish_nowait(
@@ -473,8 +501,11 @@ class Agent:
         now_ns = self.clock_ns()
         previous = self.decision
         decision = decide(
-            self._views(), policy=self.policy.policy, control=self._control_input(now_ns),
-            state=self.engine_state, now_ns=now_ns,
+            self._views(),
+            policy=self.policy.policy,
+            control=self._control_input(now_ns),
+            state=self.engine_state,
+            now_ns=now_ns,
         )
         self.engine_state = decision.state
         self.decision = decision
@@ -492,7 +523,9 @@ class Agent:
         result = None
         if not self.settings.agent.observe_only:
             result = await self._actuate(decision)
-        if changed or (result is not None and any(o.action != "unchanged" for o in result.outcomes)):
+        if changed or (
+            result is not None and any(o.action != "unchanged" for o in result.outcomes)
+        ):
             if self.bus is not None:
                 self.bus.publish_nowait(self._state_message())
             self.notifier.status(self._status_line())
@@ -517,14 +550,19 @@ class Agent:
                 self.last_outcome_errors.pop(outcome.index, None)
                 self.log.info(
                     "cap_reasserted" if outcome.action == "reasserted" else "cap_applied",
-                    gpu=outcome.index, changes=list(outcome.changes),
-                    sm_clock_max_mhz=target.sm_clock_max_mhz, power_limit_mw=target.power_limit_mw,
+                    gpu=outcome.index,
+                    changes=list(outcome.changes),
+                    sm_clock_max_mhz=target.sm_clock_max_mhz,
+                    power_limit_mw=target.power_limit_mw,
                     enforced_power_limit_mw=outcome.enforced_power_limit_mw,
-                    reasons=list(target.reasons), policy=self.policy.revision,
+                    reasons=list(target.reasons),
+                    policy=self.policy.revision,
                 )
                 self._event(
                     "cap_reasserted" if outcome.action == "reasserted" else "cap_changed",
-                    gpu=outcome.index, changes=list(outcome.changes), reasons=list(target.reasons),
+                    gpu=outcome.index,
+                    changes=list(outcome.changes),
+                    reasons=list(target.reasons),
                 )
             elif outcome.action == "lost":
                 self._mark_lost(outcome.index, outcome.error or "lost", now)
@@ -618,8 +656,9 @@ class Agent:
 
     def _reject(self, topic: str, error: str) -> None:
         self.counters.messages_rejected += 1
-        self.log.warning("message_rejected", topic=topic, error=error,
-                         rejected=self.counters.messages_rejected)
+        self.log.warning(
+            "message_rejected", topic=topic, error=error, rejected=self.counters.messages_rejected
+        )
 
     def _on_control(self, control: Control, received_ns: int) -> None:
         before = self.tracker.current(received_ns)
@@ -629,19 +668,29 @@ class Agent:
             routine = before is not None and before.control.level == control.level
             (self.log.debug if routine else self.log.info)(
                 "control_accepted" if verdict == "accepted" else "control_observed",
-                scope=control.scope, level=control.level, seq=control.seq,
-                issuer=control.issuer, lease_expires_ns=control.lease_expires_ns,
+                scope=control.scope,
+                level=control.level,
+                seq=control.seq,
+                issuer=control.issuer,
+                lease_expires_ns=control.lease_expires_ns,
             )
             self._wake.set()
         else:
-            self.log.warning("control_ignored", verdict=verdict, scope=control.scope,
-                             seq=control.seq, issuer=control.issuer)
+            self.log.warning(
+                "control_ignored",
+                verdict=verdict,
+                scope=control.scope,
+                seq=control.seq,
+                issuer=control.issuer,
+            )
 
     def _on_assignment(self, assignment: Assignment) -> None:
         declared = set(self.policy.policy.classes)
         unknown = sorted(set(assignment.classes.values()) - declared)
         if unknown:
-            self._reject("assign", f"unknown priority classes {unknown}; policy declares {sorted(declared)}")
+            self._reject(
+                "assign", f"unknown priority classes {unknown}; policy declares {sorted(declared)}"
+            )
             return
         self.runtime_classes = dict(assignment.classes)
         self.log.info("priority_assigned", classes=self.runtime_classes)
@@ -677,19 +726,31 @@ class Agent:
         try:
             if result.errors:
                 self.log.error(
-                    "policy_rejected", trigger=trigger, path=str(self.settings.agent.policy_file),
-                    problems=list(result.errors), revision_in_force=self.policy.revision,
+                    "policy_rejected",
+                    trigger=trigger,
+                    path=str(self.settings.agent.policy_file),
+                    problems=list(result.errors),
+                    revision_in_force=self.policy.revision,
                 )
-                self._event("policy_rejected", problems=list(result.errors)[:20],
-                            revision_in_force=self.policy.revision)
+                self._event(
+                    "policy_rejected",
+                    problems=list(result.errors)[:20],
+                    revision_in_force=self.policy.revision,
+                )
                 return False
             if result.changed:
-                self.log.info("policy_reloaded", trigger=trigger, revision=self.policy.revision,
-                              policy=self.policy.policy.name)
+                self.log.info(
+                    "policy_reloaded",
+                    trigger=trigger,
+                    revision=self.policy.revision,
+                    policy=self.policy.policy.name,
+                )
                 self._event("policy_applied", revision=self.policy.revision)
                 if self.bus is not None:
                     self.bus.publish_nowait(self._status_message("online"))
                 self._wake.set()
+            else:
+                self.log.info("policy_unchanged", trigger=trigger, revision=self.policy.revision)
             return result.changed
         finally:
             self.notifier.ready(self._status_line())

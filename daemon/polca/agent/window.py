@@ -29,10 +29,16 @@ class _GpuWindow:
         self.count += 1
         if s.power_mw is not None:
             self.power_sum_mw += s.power_mw
-            self.power_min_mw = s.power_mw if self.power_min_mw is None else min(self.power_min_mw, s.power_mw)
-            self.power_max_mw = s.power_mw if self.power_max_mw is None else max(self.power_max_mw, s.power_mw)
+            self.power_min_mw = (
+                s.power_mw if self.power_min_mw is None else min(self.power_min_mw, s.power_mw)
+            )
+            self.power_max_mw = (
+                s.power_mw if self.power_max_mw is None else max(self.power_max_mw, s.power_mw)
+            )
         if s.gpu_temp_c is not None:
-            self.temp_max_c = s.gpu_temp_c if self.temp_max_c is None else max(self.temp_max_c, s.gpu_temp_c)
+            self.temp_max_c = (
+                s.gpu_temp_c if self.temp_max_c is None else max(self.temp_max_c, s.gpu_temp_c)
+            )
         if s.clock_event_reasons is not None:
             self.reasons = (self.reasons or 0) | s.clock_event_reasons
         if self.first_energy_mj is None:
@@ -68,8 +74,13 @@ class TelemetryWindow:
             state = "lost" if index in lost else "ok"
             if win is None or win.last is None:
                 records.append(
-                    GpuTelemetry(index=index, uuid=info.uuid, name=info.name,
-                                 priority_class=classes.get(index), state=state)
+                    GpuTelemetry(
+                        index=index,
+                        uuid=info.uuid,
+                        name=info.name,
+                        priority_class=classes.get(index),
+                        state=state,
+                    )
                 )
                 continue
             s = win.last

@@ -122,7 +122,8 @@ class ThreadedGpu:
             return
         future = executor.submit(self._backend.close)
         try:
-            await asyncio.wait_for(asyncio.wrap_future(future), self._close_timeout_s)
+            async with asyncio.timeout(self._close_timeout_s):
+                await asyncio.wrap_future(future)
         except TimeoutError:
             _log.error("gpu_close_stuck", timeout_s=self._close_timeout_s)
             executor.shutdown(wait=False, cancel_futures=True)
@@ -238,9 +239,12 @@ class ThreadedGpu:
         future: Future[T] = executor.submit(fn, *args, **kwargs)
         started_s = time.perf_counter()
         try:
-            # wait_for cancels the wrapper on timeout; that cancels a queued call, while a
-            # running one cannot be interrupted and finishes on the worker unobserved.
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+            # The timeout cancels the wrapper; that cancels a queued call, while a running
+            # one cannot be interrupted and finishes on the worker unobserved. Not
+            # asyncio.wait_for: on Python 3.11 it can swallow a cancellation that races
+            # with the result (CPython gh-86296), which would hang the supervisor's stop.
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.wrap_future(future)
         except TimeoutError as exc:
             self._timeouts += 1
             name = getattr(fn, "__name__", repr(fn))

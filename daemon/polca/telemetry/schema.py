@@ -31,7 +31,7 @@ class SchemaError(ValueError):
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     ts_ns: int = Field(ge=0, description="Unix time of the message in nanoseconds.")
 
 
@@ -191,9 +191,7 @@ class Assignment(_Wire):
 
 
 Message = Telemetry | Status | State | Event | Control | Assignment
-_ADAPTER: TypeAdapter[Message] = TypeAdapter(
-    Annotated[Message, Field(discriminator="kind")]  # type: ignore[arg-type]
-)
+_ADAPTER: TypeAdapter[Message] = TypeAdapter(Annotated[Message, Field(discriminator="kind")])
 
 
 def encode(message: BaseModel) -> bytes:

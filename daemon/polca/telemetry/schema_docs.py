@@ -21,8 +21,14 @@ def render_block() -> str:
     """The generated Markdown: one JSON Schema per payload kind."""
     parts = [BEGIN, ""]
     for name, schema in json_schemas().items():
-        parts += [f"### {name}", "", "```json", json.dumps(schema, indent=2, sort_keys=True),
-                  "```", ""]
+        parts += [
+            f"### {name}",
+            "",
+            "```json",
+            json.dumps(schema, indent=2, sort_keys=True),
+            "```",
+            "",
+        ]
     parts.append(END)
     return "\n".join(parts)
 

@@ -77,11 +77,11 @@ class Topics:
         if not topic.startswith(prefix):
             return None
         parts = topic[len(prefix) :].split("/")
-        if len(parts) != 5 or parts[4] not in NODE_CHANNELS:  # noqa: PLR2004
+        if len(parts) != 5 or parts[4] not in NODE_CHANNELS:
             return None
         try:
             addr = NodeAddress(*parts[:4])
         except ValueError:
             return None
-        channel: NodeChannel = parts[4]  # type: ignore[assignment]
+        channel: NodeChannel = parts[4]
         return addr, channel

@@ -1,0 +1,248 @@
+"""End-to-end rig: a real ``polca agent`` process on the fake NVML library and a real broker.
+
+``AgentProcess`` writes a settings file, starts ``python -m polca agent`` with the fake
+``libnvidia-ml.so.1`` on ``LD_LIBRARY_PATH`` and reads its JSON log lines. ``MqttProbe``
+is the test's own MQTT client (plain aiomqtt): it records what the agent publishes and
+publishes control messages as a row controller would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import aiomqtt
+import yaml
+
+from polca.telemetry.schema import Control, Message, decode, encode
+from tests.fake_nvml import FakeNvml
+from tests.mqtt_broker import MosquittoProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+A100_POLICY = ROOT / "policies" / "polca-a100.yaml"
+SITE, ROW, RACK, NODE = "dc1", "row1", "rack1", "node1"
+S = 1_000_000_000
+
+
+class AgentProcess:
+    """One agent process under test."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        fake: FakeNvml,
+        broker: MosquittoProcess,
+        policy: Path = A100_POLICY,
+        observe_only: bool = False,
+        startup_grace_s: float = 30.0,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.fake = fake
+        self.policy_path = workdir / "policy.yaml"
+        if not self.policy_path.exists():
+            self.policy_path.write_text(policy.read_text(encoding="utf-8"), encoding="utf-8")
+        self.state_dir = workdir / "state"
+        self.log_path = workdir / "agent.log"
+        config: dict[str, Any] = {
+            "mqtt": {
+                "host": broker.host,
+                "port": broker.port,
+                "reconnect_min_s": 0.05,
+                "reconnect_max_s": 0.5,
+                "keepalive_s": 5,
+            },
+            "topics": {"site": SITE, "row": ROW, "rack": RACK, "node": NODE},
+            "gpu": {"backend": "nvml"},
+            "agent": {
+                "sample_interval_s": 0.05,
+                "publish_interval_s": 0.5,
+                "policy_file": str(self.policy_path),
+                "policy_reload_debounce_s": 0.05,
+                "state_dir": str(self.state_dir),
+                "observe_only": observe_only,
+                "startup_grace_s": startup_grace_s,
+            },
+            "logging": {"level": "debug", "format": "json"},
+        }
+        for group, values in (extra or {}).items():
+            config.setdefault(group, {}).update(values)
+        self.config_path = workdir / "agent.yaml"
+        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.extra_env: dict[str, str] = {}
+
+    def start(self) -> None:
+        """Start the agent process (logs go to ``agent.log``)."""
+        env = self.fake.env()
+        env.pop("NOTIFY_SOCKET", None)
+        env.pop("POLCA_CONFIG", None)
+        env.update(self.extra_env)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "polca", "agent", "--config", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.workdir,
+        )
+        log.close()
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send a signal to the agent."""
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def wait(self, timeout_s: float = 15.0) -> int:
+        """Wait for the agent to exit; its exit code."""
+        assert self.process is not None
+        return self.process.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL the agent (a crash: nothing is restored)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def logs(self) -> list[dict[str, Any]]:
+        """Every JSON log line so far."""
+        if not self.log_path.exists():
+            return []
+        lines = []
+        for raw in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(raw)
+                if isinstance(entry, dict):
+                    lines.append(entry)
+        return lines
+
+    def log_text(self) -> str:
+        """The raw log, for failure messages."""
+        return (
+            self.log_path.read_text(encoding="utf-8", errors="replace")
+            if self.log_path.exists()
+            else ""
+        )
+
+    async def wait_log(
+        self,
+        event: str,
+        *,
+        timeout_s: float = 15.0,
+        where: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, Any]:
+        """The first log line with this event (and matching ``where``), waiting for it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for entry in self.logs():
+                if entry.get("event") == event and (where is None or where(entry)):
+                    return entry
+            if self.process is not None and self.process.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        msg = f"no {event!r} log line within {timeout_s} s; log:\n{self.log_text()[-4000:]}"
+        raise AssertionError(msg)
+
+
+async def wait_until(
+    predicate: Callable[[], bool], *, timeout_s: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll ``predicate`` until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    msg = f"timed out after {timeout_s} s waiting for {what}"
+    raise AssertionError(msg)
+
+
+class MqttProbe:
+    """The test's MQTT client: records the node's messages, publishes control."""
+
+    def __init__(self, client: aiomqtt.Client) -> None:
+        self.client = client
+        self.messages: list[tuple[str, Message, bool]] = []
+        self.raw: list[tuple[str, bytes, bool]] = []
+        self.epoch_ns = time.time_ns()
+        self.seq = 0
+
+    def of(self, channel: str) -> list[Message]:
+        """Decoded messages received on one node channel, oldest first."""
+        return [m for topic, m, _ in self.messages if topic.endswith("/" + channel)]
+
+    async def control(
+        self,
+        level: int,
+        *,
+        lease_s: float = 30.0,
+        seq: int | None = None,
+        scope: Literal["row", "rack"] = "row",
+        observe: bool = False,
+        issued_ns: int | None = None,
+    ) -> Control:
+        """Publish a retained control message like a row controller."""
+        self.seq = self.seq + 1 if seq is None else seq
+        now = time.time_ns() if issued_ns is None else issued_ns
+        control = Control(
+            ts_ns=now,
+            scope=scope,
+            row=ROW,
+            rack=RACK if scope == "rack" else None,
+            issuer="test",
+            epoch_ns=self.epoch_ns,
+            seq=self.seq,
+            level=level,
+            issued_ns=now,
+            lease_expires_ns=now + int(lease_s * S),
+            observe=observe,
+        )
+        topic = (
+            f"polca/v1/{SITE}/{ROW}/control"
+            if scope == "row"
+            else f"polca/v1/{SITE}/{ROW}/{RACK}/control"
+        )
+        await self.client.publish(topic, encode(control), qos=1, retain=True)
+        return control
+
+    async def publish_raw(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish arbitrary bytes."""
+        await self.client.publish(topic, payload, qos=1, retain=retain)
+
+    async def _pump(self) -> None:
+        async for message in self.client.messages:
+            payload = bytes(message.payload)
+            self.raw.append((str(message.topic), payload, message.retain))
+            if not payload:
+                continue
+            with contextlib.suppress(ValueError):
+                self.messages.append((str(message.topic), decode(payload), message.retain))
+
+
+@contextlib.asynccontextmanager
+async def mqtt_probe(broker: MosquittoProcess) -> AsyncIterator[MqttProbe]:
+    """A connected probe subscribed to every polca topic of the test site."""
+    client = aiomqtt.Client(
+        broker.host, broker.port, identifier=f"probe-{os.getpid()}-{time.time_ns()}"
+    )
+    async with client:
+        await client.subscribe(f"polca/v1/{SITE}/#", qos=1)
+        probe = MqttProbe(client)
+        task = asyncio.create_task(probe._pump())
+        try:
+            yield probe
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
