@@ -51,6 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("files", nargs="+", type=Path)
     psub.add_parser("schema", help="print the policy JSON Schema")
 
+    gpu = sub.add_parser("gpu", help="GPU tools")
+    gsub = gpu.add_subparsers(dest="gpu_command", required=True)
+    probe = gsub.add_parser(
+        "probe", help="list the GPUs, what they support and one reading (read-only)"
+    )
+    probe.add_argument("--backend", choices=["nvml", "simulated"], default="nvml")
+    probe.add_argument("--config", type=Path, default=None)
+
     config = sub.add_parser("config", help="configuration")
     csub = config.add_subparsers(dest="config_command", required=True)
     csub.add_parser("docs", help="print the configuration reference (Markdown)")
@@ -112,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.policy_command == "check":
             return run_check(args.files, out=sys.stdout, err=sys.stderr)
         return run_schema(sys.stdout)
+    if args.command == "gpu":
+        return _gpu_probe(args)
     if args.command == "config":
         from polca import settings_docs  # noqa: PLC0415
 
@@ -120,6 +130,54 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         return settings_docs.show(args.config, out=sys.stdout)
     return _run_service(args)
+
+
+def _gpu_probe(args: argparse.Namespace) -> int:
+    """Print every GPU's identity, constraints, capabilities and one sample."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from polca.settings import load_settings  # noqa: PLC0415
+
+    logs.configure(level="warning")
+    settings = load_settings(args.config, gpu={"backend": args.backend})
+    backend = make_backend(settings)
+    try:
+        infos = backend.discover()
+        out = sys.stdout
+        out.write(f"{len(infos)} GPU(s), backend {args.backend}\n")
+        for info in infos:
+            caps = [name for name, ok in asdict(info.capabilities).items() if ok]
+            missing = [name for name, ok in asdict(info.capabilities).items() if not ok]
+            out.write(
+                f"\ngpu {info.index}: {info.name} {info.uuid}\n"
+                f"  power limit min/default/max: {info.power_limit_min_mw} / "
+                f"{info.power_limit_default_mw} / {info.power_limit_max_mw} mW\n"
+                f"  SM clock max: {info.sm_clock_max_mhz} MHz, "
+                f"{len(info.supported_sm_clocks_mhz)} lockable values\n"
+                f"  supports: {', '.join(caps)}\n"
+                f"  unsupported: {', '.join(missing) or '-'}\n"
+            )
+            try:
+                sample = backend.sample(info.index)
+            except PolcaError as exc:
+                out.write(f"  sample failed: {exc}\n")
+                continue
+            out.write(
+                f"  now: {sample.power_mw} mW, {sample.gpu_temp_c} C GPU, "
+                f"{sample.mem_temp_c} C memory, {sample.sm_clock_mhz} MHz SM, "
+                f"clock events {sample.clock_event_reasons}\n"
+            )
+        try:
+            backend.check_write_access()
+            out.write("\nwrite access: yes (clock locks and power limits can be set)\n")
+        except PolcaError as exc:
+            out.write(f"\nwrite access: no\n{exc}\n")
+    except FatalError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return EX_CONFIG
+    finally:
+        backend.close()
+    return 0
 
 
 def _run_service(args: argparse.Namespace) -> int:

@@ -100,7 +100,7 @@ class DemoController:
             self._print(f"<- state    {mode}: {caps}")
         elif isinstance(payload, Event):
             if payload.event in ("cap_changed", "cap_reasserted"):
-                self.summary.cap_events += 1
+                self.summary.cap_events += len(payload.detail.get("gpus", ()))
             else:
                 self._print(f"<- event    {payload.event} gpu={payload.gpu} {payload.detail}")
 

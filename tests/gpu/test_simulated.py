@@ -22,16 +22,9 @@ from polca.gpu.backend import (
     GpuBackend,
     GpuSample,
 )
+from polca.gpu.loads import ConstantLoad, ScriptedLoad
 from polca.gpu.models import MODEL_NAMES, get_model
-from polca.gpu.simulated import (
-    ConstantLoad,
-    InferenceLoad,
-    RampLoad,
-    ScriptedLoad,
-    SimulatedBackend,
-    SquareLoad,
-    load_profile,
-)
+from polca.gpu.simulated import SimulatedBackend
 
 
 class FakeClock:
@@ -537,34 +530,6 @@ def test_unknown_index_is_an_invalid_argument() -> None:
 # --- load profiles -------------------------------------------------------------------------
 
 
-def test_ramp_and_square_profiles() -> None:
-    """Ramp rises linearly over its period; square alternates high then low."""
-    ramp = RampLoad(period_s=10.0, repeat=False)
-    assert [ramp.utilization(t, 0) for t in (0.0, 2.5, 10.0, 50.0)] == [0.0, 0.25, 1.0, 1.0]
-    assert RampLoad(period_s=10.0).utilization(12.5, 0) == pytest.approx(0.25)
-    square = SquareLoad(period_s=4.0, low=0.2, high=0.9)
-    assert [square.utilization(t, 0) for t in (0.0, 1.9, 2.1, 4.5)] == [0.9, 0.9, 0.2, 0.9]
-
-
-def test_scripted_profile_interpolates_and_holds() -> None:
-    """A scripted trace interpolates between points and holds before and after them."""
-    script = ScriptedLoad(((10.0, 0.0), (20.0, 1.0), (30.0, 0.5)))
-    assert [script.utilization(t, 0) for t in (0.0, 15.0, 20.0, 25.0, 99.0)] == [
-        0.0,
-        0.5,
-        1.0,
-        0.75,
-        0.5,
-    ]
-    stepped = ScriptedLoad([(0.0, 0.1), (5.0, 0.8)], interpolate=False)
-    assert stepped.points == ((0.0, 0.1), (5.0, 0.8))
-    assert stepped.utilization(4.9, 0) == 0.1
-    with pytest.raises(ValueError, match="must not decrease"):
-        ScriptedLoad(((5.0, 0.1), (1.0, 0.2)))
-    with pytest.raises(ValueError, match=r"within 0\.\.1"):
-        ScriptedLoad(((0.0, 1.5),))
-
-
 def test_scripted_profile_drives_the_backend() -> None:
     """A scripted load set on a GPU is what its utilization reading follows."""
     clock = FakeClock()
@@ -572,27 +537,3 @@ def test_scripted_profile_drives_the_backend() -> None:
     backend.set_load(0, ScriptedLoad(((0.0, 0.0), (10.0, 1.0))))
     clock.advance(5.0)
     assert backend.sample(0).gpu_util_pct == 50.0
-
-
-def test_inference_profile_has_decode_floor_and_prefill_bursts() -> None:
-    """Inference load decodes at 57-73 % and spends some time in prefill bursts near 100 %."""
-    profile = InferenceLoad()
-    values = [profile.utilization(i * 0.05, 12345) for i in range(20_000)]
-    bursts = sum(v >= 0.95 for v in values) / len(values)
-    assert 0.05 < bursts < 0.35
-    decode = [v for v in values if v < 0.95]
-    assert min(decode) >= 0.57
-    assert max(decode) <= 0.73
-
-
-def test_load_profile_names() -> None:
-    """Settings names map to profiles; unknown names and bad arguments are explained."""
-    assert load_profile("idle") == ConstantLoad(0.0)
-    assert load_profile("constant:0.25") == ConstantLoad(0.25)
-    assert load_profile("Ramp:30") == RampLoad(period_s=30.0)
-    assert load_profile("square") == SquareLoad()
-    assert isinstance(load_profile("inference"), InferenceLoad)
-    with pytest.raises(ValueError, match="unknown load profile 'training'"):
-        load_profile("training")
-    with pytest.raises(ValueError, match="invalid load profile"):
-        load_profile("constant:2")

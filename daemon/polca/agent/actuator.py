@@ -139,6 +139,21 @@ class Actuator:
                 return True
         return False
 
+    def drifted(self, samples: Mapping[int, GpuSample]) -> bool:
+        """Whether a fresh sample shows a power limit other than the one polca set."""
+        if not self.reassert:
+            return False
+        for index, sample in samples.items():
+            have = self.applied.get(index)
+            if (
+                have is not None
+                and have.power_limit_mw is not None
+                and sample.power_limit_mw is not None
+                and sample.power_limit_mw != have.power_limit_mw
+            ):
+                return True
+        return False
+
     def restore(self, baseline: Baseline | None, *, force_unlock: bool = False) -> ApplyResult:
         """Put back the original settings (unlock clocks, original power limits)."""
         outcomes = []

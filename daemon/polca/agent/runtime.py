@@ -136,6 +136,7 @@ class Agent:
         self.started_ns = clock_ns()
         self.grace_until_ns = self.started_ns + int(settings.agent.startup_grace_s * 1e9)
         self._wake = asyncio.Event()
+        self._last_key: tuple[object, ...] | None = None
         self.window: TelemetryWindow | None = None
         self.bus: MqttBus | None = None
 
@@ -181,7 +182,8 @@ class Agent:
         )
         self.actuator.adopt(list(samples.values()))
         if not observe:
-            await self._adopt_baseline(samples)
+            # Before anything else can fail: undo what a crashed run left behind.
+            await self._restore_after_crash()
         if self.policy_store.current is None:
             result = self.policy_store.reload()
             if self.policy_store.current is None:
@@ -194,26 +196,35 @@ class Agent:
             revision=self.policy.revision,
             path=str(self.policy.path),
         )
+        if not observe:
+            await self._save_baseline(samples)
 
-    async def _adopt_baseline(self, samples: dict[int, GpuSample]) -> None:
+    async def _restore_after_crash(self) -> None:
+        """Restore and forget a baseline left by a run that died without restoring."""
         assert self.actuator is not None  # noqa: S101 - set by _startup
         existing = self.baseline_store.load()
-        if existing is not None and not existing.kept:
-            # The last run died without restoring: put the originals back first.
-            result = await self.gpu.run(partial(self.actuator.restore, existing, force_unlock=True))
-            self.log.warning(
-                "baseline_restored_after_crash",
-                path=str(self.baseline_store.path),
-                restored=len(result.by_action("applied")),
-                failed=len(result.by_action("failed")),
-            )
-            self.baseline = existing
-        elif existing is not None:
+        if existing is None:
+            return
+        if existing.kept:
+            # A clean stop kept the caps on purpose (on_stop: keep): reuse, don't restore.
             self.log.info("baseline_reused", path=str(self.baseline_store.path))
             self.baseline = Baseline(existing.gpus, existing.saved_ns, kept=False)
-        else:
+            return
+        result = await self.gpu.run(partial(self.actuator.restore, existing, force_unlock=True))
+        failed = result.by_action("failed")
+        self.log.warning(
+            "baseline_restored_after_crash",
+            path=str(self.baseline_store.path),
+            restored=len(result.by_action("applied")),
+            failed=len(failed),
+        )
+        # The GPUs hold their originals again; keep the file's values as the baseline.
+        self.baseline = existing
+
+    async def _save_baseline(self, samples: dict[int, GpuSample]) -> None:
+        """Save the original settings before the first write."""
+        if self.baseline is None:
             self.baseline = Baseline.capture(list(self.infos.values()), list(samples.values()))
-        # Saved before the first write (and re-saved as not "kept" after a kept stop).
         self.baseline_store.save(self.baseline)
 
     async def _supervise(self) -> None:
@@ -496,14 +507,38 @@ class Agent:
             )
         return views
 
+    def _decision_key(self, control: ControlInput | None, now_ns: int) -> tuple[object, ...]:
+        """Everything the engine's output depends on: the lease only as valid or not."""
+        temps = tuple((i, s.gpu_temp_c, s.mem_temp_c) for i, s in sorted(self.latest.items()))
+        level = None if control is None else control.level
+        valid = control is not None and control.lease_expires_ns > now_ns
+        return (
+            valid,
+            self.policy.revision,
+            level,
+            tuple(sorted(self.runtime_classes.items())),
+            tuple(sorted(self.lost)),
+            temps,
+        )
+
     async def control_step(self) -> ApplyResult | None:
         """Decide the caps for now and apply what changed; returns the apply outcome."""
         now_ns = self.clock_ns()
         previous = self.decision
+        control = self._control_input(now_ns)
+        key = self._decision_key(control, now_ns)
+        if previous is not None and key == self._last_key:
+            # Same inputs, same decision (the engine is pure): only check for drift.
+            if self.settings.agent.observe_only or self.actuator is None:
+                return None
+            if not self.actuator.drifted(self.fresh):
+                return None
+            return await self._actuate(previous)
+        self._last_key = key
         decision = decide(
             self._views(),
             policy=self.policy.policy,
-            control=self._control_input(now_ns),
+            control=control,
             state=self.engine_state,
             now_ns=now_ns,
         )
@@ -544,6 +579,7 @@ class Agent:
         self.wrote = True
         targets = {t.index: t for t in decision.targets}
         now = asyncio.get_running_loop().time()
+        changed: list[dict[str, Any]] = []
         for outcome in result.outcomes:
             target = targets[outcome.index]
             if outcome.action in ("applied", "reasserted"):
@@ -558,11 +594,14 @@ class Agent:
                     reasons=list(target.reasons),
                     policy=self.policy.revision,
                 )
-                self._event(
-                    "cap_reasserted" if outcome.action == "reasserted" else "cap_changed",
-                    gpu=outcome.index,
-                    changes=list(outcome.changes),
-                    reasons=list(target.reasons),
+                changed.append(
+                    {
+                        "gpu": outcome.index,
+                        "uuid": outcome.uuid,
+                        "action": outcome.action,
+                        "changes": list(outcome.changes),
+                        "reasons": list(target.reasons),
+                    }
                 )
             elif outcome.action == "lost":
                 self._mark_lost(outcome.index, outcome.error or "lost", now)
@@ -571,6 +610,16 @@ class Agent:
                     self.log.error("cap_failed", gpu=outcome.index, error=outcome.error)
                     self._event("cap_failed", gpu=outcome.index, error=outcome.error)
                 self.last_outcome_errors[outcome.index] = outcome.error or "failed"
+        if changed:
+            # One event per decision applied, listing every GPU that changed.
+            reasserted = any(c["action"] == "reasserted" for c in changed)
+            self._event(
+                "cap_reasserted" if reasserted else "cap_changed",
+                level=decision.level,
+                fail_safe=decision.fail_safe,
+                policy_revision=self.policy.revision,
+                gpus=changed,
+            )
         return result
 
     async def _publisher(self) -> None:

@@ -5,7 +5,7 @@ that everything above the seam (sampler, actuator, policy, telemetry) runs uncha
 without hardware:
 
 - utilization comes from a load profile (idle, constant, bursty LLM inference, ramp,
-  square wave, or a scripted trace);
+  square wave, or a scripted trace; see ``polca.gpu.loads``);
 - power = idle + utilization x dynamic power, where the SM clock scales the compute part
   roughly as f x V^2 ~ (f / f_max) ** 2.5 and memory power does not scale with it;
 - the power limit is met by lowering the SM clock (reason ``SW_POWER_CAP``), a clock lock
@@ -24,8 +24,6 @@ instantiated dozens of times in one process by the fleet demo.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import random
 import threading
@@ -33,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from polca.errors import (
     GpuInvalidArgumentError,
@@ -51,7 +49,30 @@ from polca.gpu.backend import (
     GpuInfo,
     GpuSample,
 )
+from polca.gpu.loads import (
+    MASK64,
+    ConstantLoad,
+    InferenceLoad,
+    LoadProfile,
+    RampLoad,
+    ScriptedLoad,
+    SquareLoad,
+    load_profile,
+    mix64,
+)
 from polca.gpu.models import GpuModel, get_model
+
+# The load profiles moved to polca.gpu.loads; they stay importable from here.
+__all__ = [
+    "ConstantLoad",
+    "InferenceLoad",
+    "LoadProfile",
+    "RampLoad",
+    "ScriptedLoad",
+    "SimulatedBackend",
+    "SquareLoad",
+    "load_profile",
+]
 
 STEP_S = 0.05  # longest integration sub-step; inference bursts last 250 ms or more
 MAX_STEPS = 2000  # a longer gap is integrated in coarser steps instead
@@ -67,228 +88,8 @@ POWER_NOISE_W = 0.5
 TEMP_NOISE_C = 0.2
 MEM_UTIL_SHARE = 0.7  # memory-controller utilization relative to SM utilization
 
-_MASK64 = (1 << 64) - 1
 _STICKABLE = frozenset(f.name for f in fields(GpuSample)) - {"index", "uuid", "ts_ns"}
 
-
-def _mix64(value: int) -> int:
-    """SplitMix64 finaliser: a cheap, well-spread hash of a 64-bit integer."""
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
-
-
-def _uniform(stream: int, key: int) -> float:
-    """A uniform number in [0, 1) that depends only on ``stream`` and ``key``."""
-    return _mix64(stream ^ _mix64(key & _MASK64)) / 2.0**64
-
-
-# --- load profiles -----------------------------------------------------------------------
-
-
-@runtime_checkable
-class LoadProfile(Protocol):
-    """SM utilization (0..1) as a pure function of time since the start of the simulation.
-
-    ``stream`` is a per-GPU number derived from the seed; profiles with randomness use it so
-    that GPUs differ and a run repeats exactly.
-    """
-
-    def utilization(self, t_s: float, stream: int) -> float:
-        """Return the utilization at ``t_s`` seconds for the GPU of ``stream``."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class ConstantLoad:
-    """The same utilization forever; ``ConstantLoad(0.0)`` is an idle GPU."""
-
-    util: float = 1.0
-
-    def __post_init__(self) -> None:
-        _check_util(self.util, "util")
-
-    def utilization(self, t_s: float, stream: int) -> float:
-        """Return the constant utilization."""
-        return self.util
-
-
-@dataclass(frozen=True, slots=True)
-class InferenceLoad:
-    """LLM serving: decode at 60-70 % with prefill bursts near 100 % on top.
-
-    Time is cut into slots of ``slot_s``; a prefill burst starts in a slot with probability
-    ``prefill_probability`` and lasts 1 to ``prefill_max_slots`` slots. The decode level is
-    redrawn every ``slots_per_epoch`` slots (batch composition changes), with a little
-    per-slot jitter.
-    Each GPU gets its own random stream and phase, so a node's power swings less than one
-    GPU's, as in a real row. The numbers follow the simulator recipe in
-    ``polca-paper.md`` §4.2 [U].
-    """
-
-    decode_util_low: float = 0.60
-    decode_util_high: float = 0.70
-    prefill_util: float = 1.0
-    prefill_probability: float = 0.1
-    prefill_max_slots: int = 3
-    slot_s: float = 0.25
-    slots_per_epoch: int = 20  # the decode level changes every 5 s
-    jitter: float = 0.03
-    # Utilization is constant within a slot and the integrator takes several sub-steps per
-    # slot: remember recent slots. Values are pure, so sharing and clearing are safe.
-    _cache: dict[tuple[int, int], float] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-
-    def utilization(self, t_s: float, stream: int) -> float:
-        """Return the utilization at ``t_s``: a prefill burst or the decode level."""
-        phase = (stream & 0xFFFF) / 65536.0 * self.slots_per_epoch  # per-GPU, in slots
-        slot = math.floor(t_s / self.slot_s + phase)
-        key = (stream, slot)
-        util = self._cache.get(key)
-        if util is None:
-            if len(self._cache) >= 4096:
-                self._cache.clear()
-            util = self._cache[key] = self._slot_utilization(slot, stream)
-        return util
-
-    def _slot_utilization(self, slot: int, stream: int) -> float:
-        for back in range(self.prefill_max_slots):
-            h = _mix64(stream ^ _mix64(((slot - back) * 4 + 1) & _MASK64))
-            starts = (h & 0xFFFFFF) / 16777216.0 < self.prefill_probability
-            if starts and (h >> 24) % self.prefill_max_slots >= back:
-                return self.prefill_util - self.jitter * ((h >> 40) & 0xFF) / 256.0
-        epoch = slot // self.slots_per_epoch
-        level = self.decode_util_low + (self.decode_util_high - self.decode_util_low) * (
-            _uniform(stream, epoch * 4 + 2)
-        )
-        level += self.jitter * (2.0 * _uniform(stream, slot * 4 + 3) - 1.0)
-        return min(1.0, max(0.0, level))
-
-
-@dataclass(frozen=True, slots=True)
-class RampLoad:
-    """Linear from ``low`` to ``high`` over ``period_s``; then again (``repeat``) or hold."""
-
-    period_s: float = 60.0
-    low: float = 0.0
-    high: float = 1.0
-    repeat: bool = True
-
-    def __post_init__(self) -> None:
-        _check_period(self.period_s)
-        _check_util(self.low, "low")
-        _check_util(self.high, "high")
-
-    def utilization(self, t_s: float, stream: int) -> float:
-        """Return the ramp value at ``t_s``."""
-        frac = t_s / self.period_s
-        frac = frac - math.floor(frac) if self.repeat else min(1.0, max(0.0, frac))
-        return self.low + (self.high - self.low) * frac
-
-
-@dataclass(frozen=True, slots=True)
-class SquareLoad:
-    """Alternates ``high`` (first ``duty`` of each period) and ``low``: the worst row swing.
-
-    All GPUs switch together on purpose: that is the case a row cap must survive.
-    """
-
-    period_s: float = 10.0
-    low: float = 0.1
-    high: float = 1.0
-    duty: float = 0.5
-
-    def __post_init__(self) -> None:
-        _check_period(self.period_s)
-        _check_util(self.low, "low")
-        _check_util(self.high, "high")
-        _check_util(self.duty, "duty")
-
-    def utilization(self, t_s: float, stream: int) -> float:
-        """Return ``high`` or ``low`` depending on the phase of ``t_s``."""
-        frac = t_s / self.period_s
-        return self.high if frac - math.floor(frac) < self.duty else self.low
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptedLoad:
-    """A trace of ``(t_s, util)`` points, linearly interpolated (or stepped), held at the ends."""
-
-    points: Sequence[tuple[float, float]]  # stored as a tuple
-    interpolate: bool = True
-    _times_s: tuple[float, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        points = tuple((float(t_s), float(util)) for t_s, util in self.points)
-        if not points:
-            msg = "a scripted load needs at least one (t_s, util) point"
-            raise ValueError(msg)
-        object.__setattr__(self, "points", points)
-        times_s = tuple(t_s for t_s, _ in points)
-        if any(b < a for a, b in itertools.pairwise(times_s)):
-            msg = f"scripted load times must not decrease: {times_s}"
-            raise ValueError(msg)
-        for _, util in self.points:
-            _check_util(util, "util")
-        object.__setattr__(self, "_times_s", times_s)
-
-    def utilization(self, t_s: float, stream: int) -> float:
-        """Return the scripted utilization at ``t_s``."""
-        i = bisect.bisect_right(self._times_s, t_s)
-        if i == 0:
-            return self.points[0][1]
-        if i == len(self.points) or not self.interpolate:
-            return self.points[i - 1][1]
-        (t0_s, u0), (t1_s, u1) = self.points[i - 1], self.points[i]
-        return u0 + (u1 - u0) * (t_s - t0_s) / (t1_s - t0_s)
-
-
-def _check_util(value: float, name: str) -> None:
-    if not 0.0 <= value <= 1.0:
-        msg = f"{name} must be within 0..1, got {value}"
-        raise ValueError(msg)
-
-
-def _check_period(period_s: float) -> None:
-    if not period_s > 0:
-        msg = f"period_s must be positive, got {period_s}"
-        raise ValueError(msg)
-
-
-def load_profile(spec: str | LoadProfile) -> LoadProfile:
-    """Build a profile from its settings name, with an optional argument after a colon.
-
-    ``idle``, ``constant[:UTIL]`` (default 1.0), ``inference``, ``ramp[:PERIOD_S]``,
-    ``square[:PERIOD_S]``. A ``LoadProfile`` is returned unchanged.
-    """
-    if not isinstance(spec, str):
-        return spec
-    name, _, arg = spec.strip().lower().partition(":")
-    try:
-        value = float(arg) if arg else None
-        if name == "idle" and value is None:
-            return ConstantLoad(0.0)
-        if name == "constant":
-            return ConstantLoad(1.0 if value is None else value)
-        if name == "inference" and value is None:
-            return InferenceLoad()
-        if name == "ramp":
-            return RampLoad() if value is None else RampLoad(period_s=value)
-        if name == "square":
-            return SquareLoad() if value is None else SquareLoad(period_s=value)
-    except ValueError as exc:
-        msg = f"invalid load profile {spec!r}: {exc}"
-        raise ValueError(msg) from exc
-    msg = (
-        f"unknown load profile {spec!r}; use idle, constant[:UTIL], inference, "
-        "ramp[:PERIOD_S] or square[:PERIOD_S]"
-    )
-    raise ValueError(msg)
-
-
-# --- the backend -------------------------------------------------------------------------
 
 _PERMISSION_HINT = (
     "writing GPU settings needs root or CAP_SYS_ADMIN: run the agent as root, keep "
@@ -370,11 +171,11 @@ class SimulatedBackend:
         idle_temp_c = coolant_inlet_c + m.thermal_resistance_c_per_w * m.idle_power_w
         self._gpus: list[_Gpu] = []
         for index in range(count):
-            stream = _mix64((seed & _MASK64) * 1024 + index)
+            stream = mix64((seed & MASK64) * 1024 + index)
             self._gpus.append(
                 _Gpu(
                     index=index,
-                    uuid=f"GPU-{uuid.UUID(int=(stream << 64) | _mix64(stream))}",
+                    uuid=f"GPU-{uuid.UUID(int=(stream << 64) | mix64(stream))}",
                     stream=stream,
                     load=profile,
                     rng=random.Random(stream),  # noqa: S311 - sensor noise, not security
