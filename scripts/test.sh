@@ -9,6 +9,7 @@ need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

@@ -561,6 +561,17 @@ def _raise_if_fatal(exc: aiomqtt.MqttError, settings: MqttSettings) -> None:
         raise ConfigError(msg) from exc
 
 
+class _ClosingSSLSocket(ssl.SSLSocket):
+    """Closes itself when the handshake fails: paho-mqtt 2.2 leaks the socket otherwise."""
+
+    def do_handshake(self, block: bool = False) -> None:
+        try:
+            super().do_handshake(block)
+        except BaseException:
+            self.close()
+            raise
+
+
 def _tls_context(settings: MqttSettings) -> ssl.SSLContext | None:
     """The TLS context from the ``tls_*`` settings (reads files: call off the loop)."""
     if not settings.tls:
@@ -582,4 +593,5 @@ def _tls_context(settings: MqttSettings) -> ssl.SSLContext | None:
         raise ConfigError(msg) from exc
     if settings.tls_insecure:
         context.check_hostname = False
+    context.sslsocket_class = _ClosingSSLSocket
     return context
