@@ -10,6 +10,8 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mos
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+[ -x /usr/bin/influxd ] || need+=(influxdb)
+[ -x /usr/bin/victoria-metrics ] || need+=(victoria-metrics)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

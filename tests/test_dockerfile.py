@@ -165,7 +165,7 @@ def test_capability_hints_documented() -> None:
         ("pyproject.toml", False),
         ("README.md", False),
         ("daemon/polca/cli.py", False),
-        ("daemon/polca/agent/sdnotify.py", False),
+        ("daemon/polca/sdnotify.py", False),
         ("daemon/polca/py.typed", False),
     ],
 )

@@ -31,6 +31,25 @@ def _parser() -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help="run the node agent")
     _agent_args(agent)
 
+    aggregator = sub.add_parser("aggregator", help="run the central aggregator")
+    aggregator.add_argument("--config", type=Path, default=None, help="YAML settings file")
+    aggregator.add_argument("--broker", default=None, help="MQTT broker host[:port]")
+    aggregator.add_argument("--policy", type=Path, default=None, help="policy file")
+    aggregator.add_argument("--observe", action="store_true", default=None,
+                            help="shadow mode: publish decisions marked observe")
+    aggregator.add_argument("--duration", type=float, default=None)
+    aggregator.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                            default=None)
+    aggregator.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
+
+    status = sub.add_parser("status", help="rows, racks and nodes from retained MQTT state")
+    status.add_argument("--config", type=Path, default=None,
+                        help="aggregator or agent settings (for the broker and site)")
+    status.add_argument("--broker", default=None, help="MQTT broker host[:port]")
+    status.add_argument("--site", default="+", help="site name (default: every site)")
+    status.add_argument("--wait", type=float, default=1.0,
+                        help="seconds to collect retained messages")
+
     demo = sub.add_parser(
         "demo",
         help="an agent on simulated GPUs, an embedded broker and a row controller, "
@@ -120,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.policy_command == "check":
             return run_check(args.files, out=sys.stdout, err=sys.stderr)
         return run_schema(sys.stdout)
+    if args.command == "status":
+        return _status(args)
+    if args.command == "aggregator":
+        return _run_aggregator(args)
     if args.command == "gpu":
         return _gpu_probe(args)
     if args.command == "config":
@@ -130,6 +153,84 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         return settings_docs.show(args.config, out=sys.stdout)
     return _run_service(args)
+
+
+def _broker_override(broker: str | None) -> dict[str, Any]:
+    if not broker:
+        return {}
+    host, sep, port = broker.rpartition(":")
+    if not sep:
+        return {"host": broker}
+    return {"host": host, "port": int(port)}
+
+
+def _status(args: argparse.Namespace) -> int:
+    """Print the retained state of the site(s)."""
+    from polca.aggregator.config import AggregatorSettings  # noqa: PLC0415
+    from polca.settings import load_settings_as  # noqa: PLC0415
+    from polca.status import collect, render  # noqa: PLC0415
+
+    logs.configure(level="warning")
+    over = {"mqtt": _broker_override(args.broker)} if args.broker else {}
+    try:
+        settings = load_settings_as(AggregatorSettings, args.config, **over)
+    except FatalError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return EX_CONFIG
+    site = args.site if args.site != "+" or args.config is None else settings.site
+    try:
+        snapshot = asyncio.run(
+            collect(settings.mqtt, root=settings.topic_root, site=site, wait_s=args.wait)
+        )
+    except (TimeoutError, PolcaError) as exc:
+        sys.stderr.write(
+            f"cannot reach the broker {settings.mqtt.host}:{settings.mqtt.port}: {exc}\n"
+        )
+        return 1
+    import time  # noqa: PLC0415
+
+    render(snapshot, now_ns=time.time_ns(), out=sys.stdout)
+    return 0
+
+
+def _run_aggregator(args: argparse.Namespace) -> int:
+    from polca.aggregator.config import AggregatorSettings  # noqa: PLC0415
+    from polca.settings import load_settings_as  # noqa: PLC0415
+
+    over: dict[str, Any] = {}
+    if args.broker:
+        over["mqtt"] = _broker_override(args.broker)
+    if args.policy:
+        over["policy_file"] = args.policy
+    if args.observe:
+        over["control"] = {"observe": True}
+    log_over = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
+    if log_over:
+        over["logging"] = log_over
+    try:
+        settings = load_settings_as(AggregatorSettings, args.config, **over)
+    except FatalError as exc:
+        logs.configure()
+        structlog.get_logger().error("config_invalid", error=str(exc))
+        return EX_CONFIG
+    logs.configure(level=settings.logging.level, fmt=settings.logging.format)
+    log = structlog.get_logger()
+    try:
+        asyncio.run(_aggregator_main(settings, duration_s=args.duration))
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - classified below
+        return _exit_code(exc, log)
+    return 0
+
+
+async def _aggregator_main(settings: Any, *, duration_s: float | None) -> None:
+    from polca.aggregator.runtime import Aggregator, make_sink  # noqa: PLC0415
+
+    sink = make_sink(settings.influx, state_dir=settings.state_dir)
+    aggregator = Aggregator(settings, sink=sink)
+    aiokit.install_signal_handlers(aggregator.stop_requested, aggregator.reload_requested)
+    if duration_s is not None:
+        asyncio.get_running_loop().call_later(duration_s, aggregator.stop_requested.set)
+    await aggregator.run()
 
 
 def _gpu_probe(args: argparse.Namespace) -> int:

@@ -31,6 +31,14 @@ def _syslog_prefix(_logger: Any, method: str, event: str) -> str:
     return f"<{_SYSLOG_PRIORITY.get(method, 6)}>{event}"
 
 
+def _has_rich() -> bool:
+    try:
+        import rich  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
 def configure(
     *,
     level: str = "info",
@@ -53,11 +61,23 @@ def configure(
     ]
     renderer: list[Any]
     if use_json:
-        renderer = [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+        # Tracebacks as data, without local variables: they bloat journald and could carry
+        # secrets.
+        tracebacks = structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+        )
+        renderer = [tracebacks, structlog.processors.JSONRenderer()]
         if journald:
             renderer.append(_syslog_prefix)
     else:
-        renderer = [structlog.dev.ConsoleRenderer(colors=out.isatty())]
+        renderer = [
+            structlog.dev.ConsoleRenderer(
+                colors=out.isatty(),
+                exception_formatter=structlog.dev.RichTracebackFormatter(show_locals=False)
+                if _has_rich()
+                else structlog.dev.plain_traceback,
+            )
+        ]
     structlog.configure(
         processors=[*shared, *renderer],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),

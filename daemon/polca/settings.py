@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 _TOPIC_SEGMENT = r"^[A-Za-z0-9_.-]+$"
+SettingsT = TypeVar("SettingsT", bound="ProcessSettings")
 
 
 class _Group(BaseModel):
@@ -149,6 +150,57 @@ class AgentSettings(_Group):
     reassert: bool = Field(
         True, description="Re-apply caps that something else changed, with an event."
     )
+    accept_remote_policy: bool = Field(
+        True,
+        description="Apply the node policy the aggregator publishes (validated again here, "
+        "kept as a last good copy in state_dir); it then takes precedence over policy_file.",
+    )
+
+
+class InfluxSettings(_Group):
+    """The time-series database the aggregator writes to (InfluxDB or compatible)."""
+
+    url: str | None = Field(
+        None, description="Base URL such as http://127.0.0.1:8086; none disables writing."
+    )
+    api: Literal["v2", "v1"] = Field(
+        "v2",
+        description="v2: /api/v2/write (InfluxDB 1.8+, 2.x, 3.x, VictoriaMetrics); "
+        "v1: /write (InfluxDB 1.x).",
+    )
+    org: str = Field("-", description="v2 organisation (InfluxDB 1.8 and 3.x ignore it).")
+    bucket: str = Field("polca", description="v2 bucket (database/retention for 1.8).")
+    database: str = Field("polca", description="v1 database.")
+    retention_policy: str | None = Field(None, description="v1 retention policy.")
+    username: str | None = Field(None, description="v1 user name.")
+    token_file: Path | None = Field(
+        None,
+        description="File holding the v2 token or the v1 password; or the influx_token "
+        "systemd credential, or POLCA_INFLUX__TOKEN.",
+    )
+    token: SecretStr | None = Field(None, description="Token; refused in the YAML file.")
+    batch_size: int = Field(5000, ge=1, description="Points per write request.")
+    flush_interval_s: float = Field(1.0, gt=0, description="Longest wait before a write.")
+    max_buffer_points: int = Field(
+        200_000, ge=1, description="Points held in memory; beyond, spooled to disk."
+    )
+    spool_dir: Path | None = Field(
+        None,
+        description="Where points wait during a database outage; none keeps them in "
+        "memory only (bounded by max_buffer_points).",
+    )
+    spool_max_mb: float = Field(
+        512.0, gt=0, description="Spool bound; beyond it the oldest points are dropped."
+    )
+    timeout_s: float = Field(10.0, gt=0, description="Timeout of one write request.")
+    retry_min_s: float = Field(0.5, ge=0, description="First retry delay (doubles, jitter).")
+    retry_max_s: float = Field(30.0, ge=0, description="Largest retry delay.")
+    gpu_every_s: float = Field(
+        1.0,
+        gt=0,
+        description="Downsampling of per-GPU series: write one point per GPU at most this "
+        "often (node, rack and row series are written every interval).",
+    )
 
 
 class LoggingSettings(_Group):
@@ -160,8 +212,8 @@ class LoggingSettings(_Group):
     )
 
 
-class Settings(BaseSettings):
-    """All settings of a polca process."""
+class ProcessSettings(BaseSettings):
+    """What every polca process reads the same way: sources, MQTT secrets, logging."""
 
     model_config = SettingsConfigDict(
         env_prefix="POLCA_",
@@ -172,9 +224,6 @@ class Settings(BaseSettings):
     )
 
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
-    topics: TopicSettings = Field(default_factory=TopicSettings)
-    gpu: GpuSettings = Field(default_factory=GpuSettings)
-    agent: AgentSettings = Field(default_factory=AgentSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @classmethod
@@ -190,10 +239,10 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
 
     @model_validator(mode="after")
-    def _password_from_secret(self) -> Settings:
+    def _password_from_secret(self) -> ProcessSettings:
         if self.mqtt.password is not None or self.mqtt.username is None:
             return self
-        secret = _read_secret(self.mqtt.password_file)
+        secret = read_secret(self.mqtt.password_file, "mqtt_password")
         if secret is None:
             return self
         mqtt = self.mqtt.model_copy(update={"password": SecretStr(secret)})
@@ -201,25 +250,44 @@ class Settings(BaseSettings):
         return self
 
 
-def _read_secret(password_file: Path | None) -> str | None:
-    """The MQTT password from ``password_file`` or the systemd credential, if any."""
+class Settings(ProcessSettings):
+    """All settings of the node agent."""
+
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+    gpu: GpuSettings = Field(default_factory=GpuSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+
+
+def read_secret(secret_file: Path | None, credential: str) -> str | None:
+    """A secret from ``secret_file`` or the systemd credential ``credential``, if any."""
     candidates: list[Path] = []
-    if password_file is not None:
-        candidates.append(password_file)
+    if secret_file is not None:
+        candidates.append(secret_file)
     cred_dir = os.environ.get("CREDENTIALS_DIRECTORY")
     if cred_dir:
-        candidates.append(Path(cred_dir) / "mqtt_password")
+        candidates.append(Path(cred_dir) / credential)
     for path in candidates:
         if path.is_file():
             return path.read_text(encoding="utf-8").splitlines()[0] if path.stat().st_size else ""
     return None
 
 
+# Keys that hold secrets: refused in a YAML file (they come from files or credentials).
+_SECRET_KEYS = (("mqtt", "password"), ("influx", "token"))
+
+
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Build settings from ``config_file`` (YAML), the environment and ``overrides``.
+    """The node agent's settings from YAML, the environment and ``overrides``."""
+    return load_settings_as(Settings, config_file, **overrides)
+
+
+def load_settings_as(
+    cls: type[SettingsT], config_file: Path | None = None, **overrides: Any
+) -> SettingsT:
+    """Build settings of type ``cls`` (the agent's by default) from YAML, env and overrides.
 
     Raises ``ConfigError`` with every problem when the result is invalid, and refuses a
-    password written into the YAML file.
+    secret (MQTT password, InfluxDB token) written into the YAML file.
     """
     import yaml  # noqa: PLC0415 - only needed here
     from pydantic import ValidationError  # noqa: PLC0415
@@ -235,22 +303,20 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         except (OSError, yaml.YAMLError) as exc:
             msg = f"cannot read configuration {path}: {exc}"
             raise ConfigError(msg) from exc
-        if (
-            isinstance(raw, dict)
-            and isinstance(raw.get("mqtt"), dict)
-            and "password" in raw["mqtt"]
-        ):
-            msg = (
-                f"{path}: mqtt.password is not allowed in the configuration file; use "
-                "mqtt.password_file, POLCA_MQTT__PASSWORD or the mqtt_password credential"
-            )
-            raise ConfigError(msg)
+        for group, key in _SECRET_KEYS:
+            if isinstance(raw, dict) and isinstance(raw.get(group), dict) and key in raw[group]:
+                msg = (
+                    f"{path}: {group}.{key} is not allowed in the configuration file; use "
+                    f"{group}.{key}_file, POLCA_{group.upper()}__{key.upper()} or a systemd "
+                    "credential"
+                )
+                raise ConfigError(msg)
 
-    class _FileSettings(Settings):
-        model_config = SettingsConfigDict(yaml_file=path)
-
+    file_settings = type(
+        "FileSettings", (cls,), {"model_config": SettingsConfigDict(yaml_file=path)}
+    )
     try:
-        return _FileSettings(**overrides)
+        result: SettingsT = file_settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
@@ -258,3 +324,4 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         where = f" in {path}" if path else ""
         msg = f"invalid settings{where}: {problems}"
         raise ConfigError(msg) from exc
+    return result

@@ -46,6 +46,8 @@ class AgentProcess:
         observe_only: bool = False,
         startup_grace_s: float = 30.0,
         extra: dict[str, Any] | None = None,
+        node: str = NODE,
+        rack: str = RACK,
     ) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +65,7 @@ class AgentProcess:
                 "reconnect_max_s": 0.5,
                 "keepalive_s": 5,
             },
-            "topics": {"site": SITE, "row": ROW, "rack": RACK, "node": NODE},
+            "topics": {"site": SITE, "row": ROW, "rack": rack, "node": node},
             "gpu": {"backend": "nvml"},
             "agent": {
                 "sample_interval_s": 0.05,
@@ -78,6 +80,7 @@ class AgentProcess:
         }
         for group, values in (extra or {}).items():
             config.setdefault(group, {}).update(values)
+        self.node = node
         self.config_path = workdir / "agent.yaml"
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         self.process: subprocess.Popen[bytes] | None = None

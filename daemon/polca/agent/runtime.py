@@ -32,7 +32,7 @@ from polca import __version__
 from polca.agent.actuator import Actuator, ApplyResult
 from polca.agent.baseline import Baseline, BaselineStore
 from polca.agent.control import ControlTracker
-from polca.agent.sdnotify import SystemdNotifier, WatchdogGate
+from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.agent.window import TelemetryWindow
 from polca.aiokit import guard
 from polca.errors import FatalError, GpuError, GpuLostError, PolicyError
@@ -56,6 +56,7 @@ from polca.telemetry.schema import (
     Control,
     Event,
     GpuCaps,
+    PolicyBundle,
     SchemaError,
     State,
     Status,
@@ -66,6 +67,7 @@ from polca.telemetry.schema import (
 from polca.telemetry.topics import NodeAddress, Topics
 
 LOST_RETRY_S = 10.0
+REMOTE_POLICY_FILE = "policy.remote.yaml"
 
 
 class _StopRequestedError(Exception):
@@ -116,6 +118,7 @@ class Agent:
         self.tracker = ControlTracker(row=t.row, rack=t.rack)
         self.gate = WatchdogGate()
         self.reload_requested = asyncio.Event()
+        self.remote_policy = False  # the aggregator's policy is in force
         self.stop_requested = asyncio.Event()
         self.counters = _Counters()
         self.infos: dict[int, GpuInfo] = {}
@@ -184,6 +187,15 @@ class Agent:
         if not observe:
             # Before anything else can fail: undo what a crashed run left behind.
             await self._restore_after_crash()
+        if self.settings.agent.accept_remote_policy and self.remote_policy_path.is_file():
+            remote = self.policy_store.replace(
+                self.remote_policy_path.read_text(encoding="utf-8"),
+                source=str(self.remote_policy_path),
+            )
+            self.remote_policy = remote.ok
+            if not remote.ok:
+                self.log.error("policy_copy_invalid", path=str(self.remote_policy_path),
+                               problems=list(remote.errors))
         if self.policy_store.current is None:
             result = self.policy_store.reload()
             if self.policy_store.current is None:
@@ -318,6 +330,8 @@ class Agent:
             (self.topics.rack_control(t.site, t.row, t.rack), 1),
             (self.topics.node(self.addr, "assign"), 1),
         ]
+        if self.settings.agent.accept_remote_policy:
+            subscriptions.append((self.topics.policy(t.site, t.row), 1))
         return MqttBus(
             self.settings.mqtt,
             client_id=client_id,
@@ -550,7 +564,7 @@ class Agent:
                 self.log.warning("fail_safe_entered", reasons=_first_reasons(decision))
                 self._event("fail_safe_entered")
             elif previous is not None:
-                self.log.info("fail_safe_left", level=decision.level)
+                self.log.info("fail_safe_left", control_level=decision.level)
                 self._event("fail_safe_left", level=decision.level)
         if previous is not None and decision.level != previous.level:
             self.log.info("level_changed", old=previous.level, new=decision.level)
@@ -690,6 +704,12 @@ class Agent:
                 control = decode(message.payload, Control)
                 assert isinstance(control, Control)  # noqa: S101 - decode checked the kind
                 self._on_control(control, message.received_ns)
+            elif message.topic == self.topics.policy(t.site, t.row):
+                if not message.payload:
+                    return  # retained policy cleared: keep what is in force
+                bundle = decode(message.payload, PolicyBundle)
+                assert isinstance(bundle, PolicyBundle)  # noqa: S101 - decode checked the kind
+                self._on_policy_bundle(bundle, message.topic)
             elif message.topic == self.topics.node(self.addr, "assign"):
                 if not message.payload:
                     self.runtime_classes = {}  # retained assignment cleared
@@ -718,7 +738,7 @@ class Agent:
             (self.log.debug if routine else self.log.info)(
                 "control_accepted" if verdict == "accepted" else "control_observed",
                 scope=control.scope,
-                level=control.level,
+                control_level=control.level,
                 seq=control.seq,
                 issuer=control.issuer,
                 lease_expires_ns=control.lease_expires_ns,
@@ -732,6 +752,42 @@ class Agent:
                 seq=control.seq,
                 issuer=control.issuer,
             )
+
+    @property
+    def remote_policy_path(self) -> Path:
+        """The last good policy received from the aggregator."""
+        return self.settings.agent.state_dir / REMOTE_POLICY_FILE
+
+    def _on_policy_bundle(self, bundle: PolicyBundle, topic: str) -> None:
+        """Validate and apply the aggregator's policy; keep it as the local last good copy."""
+        current = self.policy_store.current
+        if current is not None and current.revision == bundle.revision and self.remote_policy:
+            return
+        result = self.policy_store.replace(bundle.text, source=f"mqtt:{topic}")
+        if result.errors:
+            self.log.error("policy_rejected", trigger="mqtt", problems=list(result.errors),
+                           revision=bundle.revision, revision_in_force=self.policy.revision)
+            self._event("policy_rejected", problems=list(result.errors)[:20],
+                        revision=bundle.revision, revision_in_force=self.policy.revision)
+            return
+        if not self.remote_policy:
+            self.log.info("policy_remote_adopted", revision=bundle.revision, topic=topic)
+        self.remote_policy = True
+        try:
+            self.remote_policy_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.remote_policy_path.with_suffix(".tmp")
+            tmp.write_text(bundle.text, encoding="utf-8")
+            tmp.replace(self.remote_policy_path)
+        except OSError as exc:
+            self.log.warning("policy_copy_not_saved", path=str(self.remote_policy_path),
+                             error=str(exc))
+        if result.changed:
+            self.log.info("policy_reloaded", trigger="mqtt", revision=self.policy.revision,
+                          policy=self.policy.policy.name)
+            self._event("policy_applied", revision=self.policy.revision, source="mqtt")
+            if self.bus is not None:
+                self.bus.publish_nowait(self._status_message("online"))
+            self._wake.set()
 
     def _on_assignment(self, assignment: Assignment) -> None:
         declared = set(self.policy.policy.classes)
@@ -770,6 +826,11 @@ class Agent:
 
     def reload_policy(self, *, trigger: str) -> bool:
         """Reload the policy file; keep the last good policy when the new one is invalid."""
+        if self.remote_policy:
+            self.log.warning("policy_file_ignored", trigger=trigger,
+                             reason="the aggregator's policy is in force",
+                             revision=self.policy.revision)
+            return False
         self.notifier.reloading()
         result = self.policy_store.reload()
         try:

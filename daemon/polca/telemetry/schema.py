@@ -190,7 +190,66 @@ class Assignment(_Wire):
     classes: dict[str, _Name] = Field(max_length=1024)
 
 
-Message = Telemetry | Status | State | Event | Control | Assignment
+class Meter(_Wire):
+    """``{root}/{site}/{row}/meter`` (or a configured topic): row power from a PDU or meter."""
+
+    kind: Literal["meter"] = "meter"
+    power_w: _Watts
+    energy_j: float | None = Field(None, ge=0, description="Meter energy counter, if any.")
+
+
+class PolicyBundle(_Wire):
+    """``{root}/{site}/{row}/policy``: retained, QoS 1: the node policy, from the aggregator.
+
+    ``text`` is the policy YAML exactly as validated by the aggregator; agents validate it
+    again, apply it, and keep it as their last good copy. ``revision`` is the first 12 hex
+    digits of the SHA-256 of ``text``.
+    """
+
+    kind: Literal["policy"] = "policy"
+    name: str = Field(max_length=128)
+    revision: str = Field(pattern=r"^[0-9a-f]{12}$")
+    text: str = Field(max_length=MAX_PAYLOAD_BYTES // 2)
+    source: str = Field("", max_length=512, description="Where the aggregator read it.")
+
+
+class RackSummary(BaseModel):
+    """One rack inside a row summary."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rack: _Name
+    power_w: _Watts
+    budget_w: _Watts | None = None
+    nodes_online: int = Field(ge=0)
+    nodes_stale: int = Field(ge=0)
+    nodes_offline: int = Field(ge=0)
+
+
+class RowSummary(_Wire):
+    """``{root}/{site}/{row}/summary``: retained: the row as the aggregator sees it."""
+
+    kind: Literal["row_summary"] = "row_summary"
+    row: _Name
+    issuer: _Name
+    power_w: _Watts
+    power_source: Literal["computed", "meter"]
+    budget_w: _Watts
+    effective_budget_w: _Watts
+    level: int = Field(ge=0, le=64)
+    level_name: str = Field("", max_length=64)
+    thresholds_w: tuple[float, ...] = ()
+    trend_w_per_s: float | None = None
+    lease_expires_ns: int | None = Field(None, ge=0)
+    observe: bool = False
+    racks: tuple[RackSummary, ...] = Field((), max_length=1024)
+    offline_nodes: tuple[_Name, ...] = Field((), max_length=4096)
+    stale_nodes: tuple[_Name, ...] = Field((), max_length=4096)
+
+
+Message = (
+    Telemetry | Status | State | Event | Control | Assignment | Meter | PolicyBundle | RowSummary
+)
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Annotated[Message, Field(discriminator="kind")])
 
 
@@ -231,5 +290,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schema of every payload kind, for ``docs/mqtt.md``."""
     return {
         model.__name__: model.model_json_schema()
-        for model in (Telemetry, Status, State, Event, Control, Assignment)
+        for model in (
+            Telemetry, Status, State, Event, Control, Assignment, Meter, PolicyBundle, RowSummary
+        )
     }

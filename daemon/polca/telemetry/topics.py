@@ -10,6 +10,10 @@ Layout (the version segment is part of ``root``, default ``polca/v1``)::
     {root}/{site}/{row}/control                   retained, QoS 1: row-scope control
     {root}/{site}/{row}/{rack}/control            retained, QoS 1: rack-scope control
     {root}/{site}/{row}/policy                    retained, QoS 1: the node policy bundle
+    {root}/{site}/{row}/meter                     a PDU/meter's row power (configurable)
+    {root}/{site}/{row}/summary                   retained: the row as the aggregator sees it
+    {root}/{site}/aggregator/{instance}/status    retained, with a Last Will
+    {root}/{site}/aggregator/{instance}/events    QoS 1: control decisions (audit), drops
 """
 
 from __future__ import annotations
@@ -66,6 +70,18 @@ class Topics:
     def policy(self, site: str, row: str) -> str:
         """The retained node policy of a row."""
         return f"{self.root}/{site}/{row}/policy"
+
+    def meter(self, site: str, row: str) -> str:
+        """The default topic of a row's power meter."""
+        return f"{self.root}/{site}/{row}/meter"
+
+    def row_summary(self, site: str, row: str) -> str:
+        """The retained row summary published by the aggregator."""
+        return f"{self.root}/{site}/{row}/summary"
+
+    def aggregator(self, site: str, instance: str, channel: str) -> str:
+        """An aggregator's own status or events topic."""
+        return f"{self.root}/{site}/aggregator/{instance}/{channel}"
 
     def all_nodes(self, site: str = "+", row: str = "+", channel: str = "+") -> str:
         """A subscription filter over node channels."""

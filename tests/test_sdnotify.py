@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from polca.agent.sdnotify import SystemdNotifier, WatchdogGate
+from polca.sdnotify import SystemdNotifier, WatchdogGate
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""The central aggregator: row rollups, the POLCA row controller, and the telemetry sink."""

@@ -1,0 +1,138 @@
+"""The aggregator's settings: the site's power topology, control timing, and the sinks.
+
+Topology: one site, the rows (power domains) this aggregator owns, each with a provisioned
+budget, an optional meter topic, and its racks and nodes. Several aggregators may share a
+broker, each owning different rows. Every node carries an estimate of its non-GPU power
+(``non_gpu_w`` plus ``non_gpu_factor`` times its GPU power) for rows without a meter, and
+optionally a nameplate used when the node is stale or offline (see ``rollup.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from polca.settings import InfluxSettings, ProcessSettings
+
+_NAME = r"^[A-Za-z0-9_.-]+$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeSpec(_Model):
+    """One GPU node."""
+
+    name: str = Field(pattern=_NAME, description="Node name, as in the agent's topics.node.")
+    non_gpu_w: float = Field(
+        0.0, ge=0, description="Non-GPU power (CPUs, fans, NICs) added to the GPUs' power."
+    )
+    non_gpu_factor: float = Field(
+        0.0, ge=0, le=2, description="Extra non-GPU power as a fraction of the GPU power."
+    )
+    nameplate_w: float | None = Field(
+        None,
+        gt=0,
+        description="Worst-case node power, counted while the node is stale or offline; "
+        "default: the GPUs' enforced limits from its last telemetry plus non-GPU power.",
+    )
+
+
+class RackSpec(_Model):
+    """One rack of a row."""
+
+    name: str = Field(pattern=_NAME)
+    budget_w: float | None = Field(None, gt=0, description="Rack electrical budget, if any.")
+    nodes: tuple[NodeSpec, ...] = Field(min_length=1)
+
+
+class RowSpec(_Model):
+    """One row: a power domain with a provisioned budget."""
+
+    name: str = Field(pattern=_NAME)
+    budget_w: float = Field(gt=0, description="Provisioned row power budget.")
+    meter_topic: str | None = Field(
+        None, description="MQTT topic where a PDU or meter publishes the row's power."
+    )
+    meter_max_age_s: float = Field(
+        5.0, gt=0, description="A meter reading older than this is ignored."
+    )
+    racks: tuple[RackSpec, ...] = Field(min_length=1)
+
+    def nodes(self) -> list[tuple[RackSpec, NodeSpec]]:
+        """Every node of the row with its rack."""
+        return [(rack, node) for rack in self.racks for node in rack.nodes]
+
+
+class ControlSettings(_Model):
+    """The row controller's timing and mode."""
+
+    interval_s: float = Field(1.0, gt=0, description="How often each row is evaluated.")
+    lease_s: float = Field(
+        10.0, gt=0, description="Lease granted by each control message (renewed each interval)."
+    )
+    stale_after_s: float = Field(
+        5.0, gt=0, description="A node without telemetry for this long counts as stale."
+    )
+    warmup_s: float = Field(
+        5.0,
+        ge=0,
+        description="After start, wait this long (or until every node reported) before "
+        "publishing control, so a restart never uncaps on missing data.",
+    )
+    trend_window_s: float = Field(
+        10.0, gt=0, description="Window of the row power trend (least-squares slope)."
+    )
+    observe: bool = Field(
+        False, description="Shadow mode: publish decisions marked observe; agents do not apply."
+    )
+    publish_policy: bool = Field(
+        True, description="Publish the node policy (retained) for agents to apply."
+    )
+
+
+class AggregatorSettings(ProcessSettings):
+    """All settings of the aggregator."""
+
+    site: str = Field("site", pattern=_NAME, description="Site name (topic segment).")
+    instance: str = Field(
+        default_factory=lambda: socket.gethostname().split(".")[0] or "aggregator",
+        pattern=_NAME,
+        description="This aggregator's name (client id, status topic).",
+    )
+    topic_root: str = Field("polca/v1", description="MQTT topic root, with the version.")
+    policy_file: Path = Field(
+        Path("/etc/polca/policy.yaml"), description="The policy (source of the node policy)."
+    )
+    state_dir: Path = Field(
+        default_factory=lambda: Path(os.environ.get("STATE_DIRECTORY", "/var/lib/polca-aggregator")),
+        description="Where the InfluxDB spool lives by default ($STATE_DIRECTORY).",
+    )
+    rows: tuple[RowSpec, ...] = Field((), description="The rows this aggregator owns.")
+    control: ControlSettings = Field(default_factory=ControlSettings)
+    influx: InfluxSettings = Field(default_factory=InfluxSettings)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Self:
+        rows = [row.name for row in self.rows]
+        if len(rows) != len(set(rows)):
+            msg = f"row names must be unique, got {rows}"
+            raise ValueError(msg)
+        seen: dict[str, str] = {}
+        for row in self.rows:
+            racks = [rack.name for rack in row.racks]
+            if len(racks) != len(set(racks)):
+                msg = f"rack names must be unique within row {row.name}, got {racks}"
+                raise ValueError(msg)
+            for rack, node in row.nodes():
+                where = f"{row.name}/{rack.name}"
+                if node.name in seen:
+                    msg = f"node {node.name} appears twice: in {seen[node.name]} and {where}"
+                    raise ValueError(msg)
+                seen[node.name] = where
+        return self

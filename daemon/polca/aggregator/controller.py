@@ -1,0 +1,171 @@
+"""The POLCA row controller: row (or rack) power -> level -> a leased control message.
+
+One ``ScopeController`` per row, and one per rack that has its own budget. Each interval it
+runs the shared ladder (``polca.policy.next_level``: escalate at once, brake on trend,
+release one level at a time after a dwell below threshold minus margin) on the scope's
+power against its effective budget, and produces the retained control message that renews
+the agents' lease. A level change also produces an audit record with the inputs that led
+to it. Pure: no I/O; time comes in as arguments.
+
+Restart without a spurious uncap: ``seed()`` takes the retained control message a previous
+aggregator left on the broker, so the ladder starts at the level in force and can only
+release after a full dwell, as if nothing had happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from polca.policy import LadderState, next_level
+from polca.policy.model import Policy
+from polca.telemetry.schema import Control
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeDecision:
+    """One evaluation of one scope."""
+
+    control: Control
+    level: int
+    level_name: str
+    previous_level: int
+    changed: bool
+    power_pct: float
+    thresholds_w: tuple[float, ...]
+    audit: dict[str, Any]
+
+
+def level_name(policy: Policy, level: int) -> str:
+    """``nominal`` for 0, else the policy's name of that level."""
+    return "nominal" if level == 0 else policy.levels[min(level, len(policy.levels)) - 1].name
+
+
+@dataclass(slots=True)
+class ScopeController:
+    """The ladder and message sequence of one row or rack."""
+
+    site: str
+    row: str
+    rack: str | None
+    issuer: str
+    epoch_ns: int
+    ladder: LadderState = field(default_factory=LadderState)
+    seq: int = 0
+    seeded_from: int | None = None
+
+    @property
+    def scope(self) -> Literal["row", "rack"]:
+        """row or rack."""
+        return "row" if self.rack is None else "rack"
+
+    def seed(self, retained: Control) -> None:
+        """Start from the level a previous controller left in force (retained message)."""
+        if retained.row != self.row or (retained.rack or None) != self.rack:
+            return
+        self.ladder = LadderState(level=retained.level, below_since_s=None)
+        self.seq = max(self.seq, retained.seq)
+        self.seeded_from = retained.level
+
+    def step(
+        self,
+        *,
+        power_w: float,
+        budget_w: float,
+        policy: Policy,
+        revision: str,
+        now_s: float,
+        now_ns: int,
+        lease_s: float,
+        observe: bool,
+        trend_w_per_s: float | None,
+        inputs: dict[str, Any] | None = None,
+    ) -> ScopeDecision:
+        """Evaluate the scope once and build the control message that renews the lease."""
+        previous = self.ladder.level
+        self.ladder = next_level(
+            power_w=power_w,
+            budget_w=budget_w,
+            policy=policy,
+            state=self.ladder,
+            now_s=now_s,
+            trend_w_per_s=trend_w_per_s,
+        )
+        level = self.ladder.level
+        self.seq += 1
+        pct = 100.0 * power_w / budget_w
+        thresholds = tuple(budget_w * lvl.threshold_pct / 100.0 for lvl in policy.levels)
+        name = level_name(policy, level)
+        reason = _reason(policy, previous, level, pct, power_w, budget_w, trend_w_per_s)
+        control = Control(
+            ts_ns=now_ns,
+            scope=self.scope,
+            row=self.row,
+            rack=self.rack,
+            issuer=self.issuer,
+            epoch_ns=self.epoch_ns,
+            seq=self.seq,
+            level=level,
+            level_name=name,
+            issued_ns=now_ns,
+            lease_expires_ns=now_ns + int(lease_s * 1e9),
+            policy_revision=revision,
+            observe=observe,
+            reason=reason,
+        )
+        audit = {
+            "scope": self.scope,
+            "row": self.row,
+            "rack": self.rack,
+            "previous_level": previous,
+            "new_level": level,
+            "level_name": name,
+            "power_w": round(power_w, 1),
+            "budget_w": round(budget_w, 1),
+            "power_pct": round(pct, 2),
+            "trend_w_per_s": None if trend_w_per_s is None else round(trend_w_per_s, 2),
+            "thresholds_w": [round(t, 1) for t in thresholds],
+            "margin_pct": policy.release.margin_pct,
+            "dwell_s": policy.release.dwell_s,
+            "policy_revision": revision,
+            "seq": self.seq,
+            "observe": observe,
+            "reason": reason,
+            **(inputs or {}),
+        }
+        return ScopeDecision(
+            control=control,
+            level=level,
+            level_name=name,
+            previous_level=previous,
+            changed=level != previous,
+            power_pct=pct,
+            thresholds_w=thresholds,
+            audit=audit,
+        )
+
+
+def _reason(
+    policy: Policy,
+    previous: int,
+    level: int,
+    pct: float,
+    power_w: float,
+    budget_w: float,
+    trend_w_per_s: float | None,
+) -> str:
+    """One line saying why the level is what it is."""
+    if level > previous:
+        reached = sum(1 for lvl in policy.levels if pct >= lvl.threshold_pct)
+        if level > reached and trend_w_per_s is not None:
+            eta_s = (budget_w - power_w) / trend_w_per_s if trend_w_per_s > 0 else float("inf")
+            return f"trend {trend_w_per_s:+.0f} W/s reaches the budget in {eta_s:.1f} s"
+        threshold = policy.levels[level - 1].threshold_pct
+        return f"power {pct:.1f}% >= {level_name(policy, level)} at {threshold:g}%"
+    if level < previous:
+        threshold = policy.levels[previous - 1].threshold_pct
+        return (
+            f"power {pct:.1f}% stayed below {threshold - policy.release.margin_pct:g}% for "
+            f"{policy.release.dwell_s:g} s: released {level_name(policy, previous)}"
+        )
+    return f"power {pct:.1f}% of budget"

@@ -1,0 +1,429 @@
+"""Time-series points and THE schema polca writes to InfluxDB (and compatible stores).
+
+Why this module exists: the sink, the dashboards and ``docs/influxdb.md`` must agree on
+measurement, tag and field names and on each field's type. ``SCHEMA`` is that agreement;
+the builders below coerce every value to the type it declares (a field written once as an
+integer and later as a float is a *field type conflict* that InfluxDB rejects), and refuse
+names it does not know. A test checks the documentation table against ``SCHEMA``.
+
+Conventions: measured values are always floats (``250.0``, never ``250``); only counters and
+bitmasks are integers (``i`` suffix in line protocol); flags are floats 0/1 so that they can
+be averaged and graphed; strings only where a human reads them (events, decision reasons).
+Tags hold only what is grouped or filtered on: never free text, job ids or values.
+
+This module does no I/O and imports no database client: ``sink.py`` owns that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Final
+
+from polca.telemetry.schema import Control, Event, GpuTelemetry, Telemetry
+
+FieldValue = float | int | bool | str
+FieldType = type[float] | type[int] | type[str]
+
+_PRECISION_DIVISOR: Final = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+# Line-protocol escaping, as the reference clients do it. Newlines would end the line, so
+# they are written as the two characters ``\n`` everywhere (a human-readable, lossy choice:
+# VictoriaMetrics drops a whole request whose string field holds a raw newline).
+_ESCAPE_MEASUREMENT: Final = str.maketrans(
+    {",": r"\,", " ": r"\ ", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+)
+_ESCAPE_KEY: Final = str.maketrans(
+    {",": r"\,", "=": r"\=", " ": r"\ ", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+)
+_ESCAPE_STRING: Final = str.maketrans({'"': r"\"", "\\": "\\\\", "\n": r"\n", "\r": r"\r"})
+
+_TEXT_MAX_CHARS: Final = 256
+_REASON: Final = re.compile(r"^[a-z0-9_]+$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point:
+    """One line of line protocol: a measurement, tags, fields and a timestamp (Unix ns).
+
+    ``None`` field values are left out; a point left without fields is not written at all
+    (``to_line`` returns an empty string). Empty tag values are left out too (line protocol
+    cannot carry them).
+    """
+
+    measurement: str
+    tags: Mapping[str, str]
+    fields: Mapping[str, FieldValue | None]
+    ts_ns: int
+
+    def to_line(self, precision: str = "ms") -> str:
+        """The point as one line of line protocol, timestamp in ``precision`` (ns/us/ms/s)."""
+        field_parts: list[str] = []
+        for key, value in self.fields.items():
+            text = _field_text(value)
+            if text is not None:
+                field_parts.append(f"{_escape_key(key)}={text}")
+        if not field_parts:
+            return ""
+        head = [_escape_measurement(self.measurement)]
+        tags = self.tags
+        for key in sorted(tags):
+            value = tags[key]
+            if value:
+                head.append(f"{_escape_key(key)}={_escape_key(value)}")
+        ts = self.ts_ns // _PRECISION_DIVISOR[precision]
+        return f"{','.join(head)} {','.join(field_parts)} {ts}"
+
+
+# Names and tag values repeat from point to point (site, rack, node, GPU UUID, field names),
+# so their escaped form is cached: this is the hot path of the sink.
+@functools.lru_cache(maxsize=1 << 16)
+def _escape_key(text: str) -> str:
+    return text.translate(_ESCAPE_KEY)
+
+
+@functools.lru_cache(maxsize=256)
+def _escape_measurement(text: str) -> str:
+    return text.translate(_ESCAPE_MEASUREMENT)
+
+
+def _field_text(value: FieldValue | None) -> str | None:
+    """A field value in line protocol; None for what cannot be written (None, NaN, inf)."""
+    kind = type(value)
+    if kind is float:
+        return repr(value) if math.isfinite(value) else None  # type: ignore[arg-type]
+    if value is None:
+        return None
+    if kind is bool or isinstance(value, bool):  # before int: bool is an int subclass
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value}i"
+    if isinstance(value, float):
+        return repr(float(value)) if math.isfinite(value) else None
+    return f'"{value.translate(_ESCAPE_STRING)}"'
+
+
+def encode_lines(points: list[Point], precision: str = "ms") -> bytes:
+    """Points as a line-protocol body (newline separated), skipping points without fields."""
+    return "\n".join(line for p in points if (line := p.to_line(precision))).encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeasurementSchema:
+    """The tags and typed fields of one measurement.
+
+    A field named ``prefix_<reason>`` stands for a family of fields (``dropped_malformed``,
+    ``dropped_oversized``, ...), each of that type.
+    """
+
+    tags: tuple[str, ...]
+    fields: Mapping[str, FieldType]
+
+    def field_type(self, name: str) -> FieldType | None:
+        """The declared type of a field name, or None when the schema has no such field."""
+        declared = self.fields.get(name)
+        if declared is not None:
+            return declared
+        for pattern, kind in self.fields.items():
+            if pattern.endswith("<reason>"):
+                prefix = pattern.removesuffix("<reason>")
+                reason = name.removeprefix(prefix)
+                if name.startswith(prefix) and _REASON.match(reason):
+                    return kind
+        return None
+
+
+def _floats(*names: str) -> dict[str, FieldType]:
+    return dict.fromkeys(names, float)
+
+
+def _ints(*names: str) -> dict[str, FieldType]:
+    return dict.fromkeys(names, int)
+
+
+SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
+    "gpu": MeasurementSchema(
+        tags=("site", "row", "rack", "node", "gpu_uuid", "gpu_index", "model", "class"),
+        fields={
+            **_floats(
+                "power_w",
+                "power_max_w",
+                "power_avg_w",
+                "energy_j",
+                "energy_delta_j",
+                "temp_c",
+                "temp_max_c",
+                "mem_temp_c",
+                "sm_clock_mhz",
+                "mem_clock_mhz",
+                "util_pct",
+                "mem_util_pct",
+                "power_limit_w",
+                "enforced_power_limit_w",
+                "locked_sm_clock_max_mhz",
+            ),
+            "clock_event_reasons": int,
+            "lost": float,
+        },
+    ),
+    "node": MeasurementSchema(
+        tags=("site", "row", "rack", "node"),
+        fields={
+            **_floats(
+                "gpu_power_w",
+                "power_w",
+                "energy_delta_j",
+                "level",
+                "fail_safe",
+                "online",
+                "stale",
+                "gpus",
+                "gpus_lost",
+                "tick_p99_ms",
+            ),
+            **_ints("outbox_dropped", "control_rejected"),
+        },
+    ),
+    "rack": MeasurementSchema(
+        tags=("site", "row", "rack"),
+        fields=_floats(
+            "power_w",
+            "budget_w",
+            "thermal_budget_w",
+            "nodes_online",
+            "nodes_stale",
+            "nodes_offline",
+        ),
+    ),
+    "row": MeasurementSchema(
+        tags=("site", "row"),
+        fields=_floats(
+            "power_w",
+            "computed_power_w",
+            "measured_power_w",
+            "budget_w",
+            "effective_budget_w",
+            "power_pct",
+            "level",
+            "threshold_1_w",
+            "threshold_2_w",
+            "threshold_3_w",
+            "trend_w_per_s",
+            "nodes_online",
+            "nodes_stale",
+            "nodes_offline",
+        ),
+    ),
+    "control": MeasurementSchema(
+        tags=("site", "row", "scope"),
+        fields={
+            "level": float,
+            "seq": int,
+            "lease_s": float,
+            "observe": float,
+            "level_name": str,
+            "reason": str,
+        },
+    ),
+    "event": MeasurementSchema(
+        tags=("site", "row", "rack", "node", "kind"),
+        fields={"text": str, "gpu": float, "detail": str},
+    ),
+    "aggregator": MeasurementSchema(
+        tags=("site", "instance"),
+        fields=_ints(
+            "messages_in",
+            "messages_dropped",
+            "points_written",
+            "points_dropped",
+            "points_spooled",
+            "spool_bytes",
+            "dropped_<reason>",
+        ),
+    ),
+}
+"""Measurement -> tags and typed fields. ``docs/influxdb.md`` documents exactly this."""
+
+
+def make_point(
+    measurement: str,
+    *,
+    ts_ns: int,
+    tags: Mapping[str, str],
+    fields: Mapping[str, FieldValue | None],
+) -> Point:
+    """A point of a ``SCHEMA`` measurement, each field coerced to its declared type.
+
+    Raises ``ValueError`` for an unknown measurement, tag or field name (a programming
+    error: the schema and its documentation must change first). ``None`` values are left out.
+    """
+    schema = SCHEMA.get(measurement)
+    if schema is None:
+        msg = f"unknown measurement {measurement!r}; known: {sorted(SCHEMA)}"
+        raise ValueError(msg)
+    unknown_tags = set(tags) - set(schema.tags)
+    if unknown_tags:
+        msg = f"measurement {measurement!r} has no tags {sorted(unknown_tags)}"
+        raise ValueError(msg)
+    coerced: dict[str, FieldValue] = {}
+    for name, value in fields.items():
+        kind = schema.field_type(name)
+        if kind is None:
+            msg = f"measurement {measurement!r} has no field {name!r}"
+            raise ValueError(msg)
+        if value is not None:
+            coerced[name] = kind(value)
+    return Point(measurement, dict(tags), coerced, ts_ns)
+
+
+def gpu_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[Point]:
+    """One ``gpu`` point per GPU of a node's telemetry message.
+
+    ``power_w`` is the mean power over the publish interval; ``lost`` is 1.0 for a GPU the
+    agent reported lost. Missing readings are left out, not written as zero.
+    """
+    return [
+        _gpu_point(gpu, ts_ns=telemetry.ts_ns, site=site, row=row, rack=rack, node=telemetry.node)
+        for gpu in telemetry.gpus
+    ]
+
+
+def _gpu_point(
+    gpu: GpuTelemetry, *, ts_ns: int, site: str, row: str, rack: str, node: str
+) -> Point:
+    # Built directly rather than through make_point: this runs for every GPU of every
+    # message, and the names below are checked against SCHEMA by a test.
+    power_w = gpu.power_mean_w if gpu.power_mean_w is not None else gpu.power_w
+    values: dict[str, float | int | None] = {
+        "power_w": power_w,
+        "power_max_w": gpu.power_max_w,
+        "power_avg_w": gpu.power_avg_w,
+        "energy_j": gpu.energy_j,
+        "energy_delta_j": gpu.energy_delta_j,
+        "temp_c": gpu.gpu_temp_c,
+        "temp_max_c": gpu.gpu_temp_max_c,
+        "mem_temp_c": gpu.mem_temp_c,
+        "sm_clock_mhz": gpu.sm_clock_mhz,
+        "mem_clock_mhz": gpu.mem_clock_mhz,
+        "util_pct": gpu.gpu_util_pct,
+        "mem_util_pct": gpu.mem_util_pct,
+        "power_limit_w": gpu.power_limit_w,
+        "enforced_power_limit_w": gpu.enforced_power_limit_w,
+        "locked_sm_clock_max_mhz": gpu.locked_sm_clock_max_mhz,
+    }
+    fields: dict[str, FieldValue | None] = {
+        name: float(value) for name, value in values.items() if value is not None
+    }
+    if gpu.clock_event_reasons is not None:
+        fields["clock_event_reasons"] = int(gpu.clock_event_reasons)
+    fields["lost"] = 1.0 if gpu.state == "lost" else 0.0
+    tags = {
+        "site": site,
+        "row": row,
+        "rack": rack,
+        "node": node,
+        "gpu_uuid": gpu.uuid,
+        "gpu_index": str(gpu.index),
+        "model": gpu.name,
+        "class": gpu.priority_class or "",
+    }
+    return Point("gpu", tags, fields, ts_ns)
+
+
+def node_point(
+    *, ts_ns: int, site: str, row: str, rack: str, node: str, **fields: FieldValue | None
+) -> Point:
+    """A ``node`` point (the rollup supplies the fields; see ``SCHEMA["node"]``)."""
+    tags = {"site": site, "row": row, "rack": rack, "node": node}
+    return make_point("node", ts_ns=ts_ns, tags=tags, fields=fields)
+
+
+def rack_point(*, ts_ns: int, site: str, row: str, rack: str, **fields: FieldValue | None) -> Point:
+    """A ``rack`` point (see ``SCHEMA["rack"]``)."""
+    return make_point(
+        "rack", ts_ns=ts_ns, tags={"site": site, "row": row, "rack": rack}, fields=fields
+    )
+
+
+def row_point(*, ts_ns: int, site: str, row: str, **fields: FieldValue | None) -> Point:
+    """A ``row`` point (see ``SCHEMA["row"]``)."""
+    return make_point("row", ts_ns=ts_ns, tags={"site": site, "row": row}, fields=fields)
+
+
+def control_point(
+    *, ts_ns: int, site: str, row: str, scope: str, **fields: FieldValue | None
+) -> Point:
+    """A ``control`` point: ``scope`` is ``row``, or ``rack:<rack>`` for a rack-scope decision."""
+    return make_point(
+        "control", ts_ns=ts_ns, tags={"site": site, "row": row, "scope": scope}, fields=fields
+    )
+
+
+def control_point_from(control: Control, *, site: str) -> Point:
+    """The ``control`` point of a published control message (lease length in seconds)."""
+    scope = "row" if control.scope == "row" else f"rack:{control.rack}"
+    return control_point(
+        ts_ns=control.issued_ns,
+        site=site,
+        row=control.row,
+        scope=scope,
+        level=control.level,
+        seq=control.seq,
+        lease_s=(control.lease_expires_ns - control.issued_ns) / 1e9,
+        observe=control.observe,
+        level_name=control.level_name,
+        reason=control.reason,
+    )
+
+
+def event_point(event: Event, *, site: str, row: str, rack: str) -> Point:
+    """An ``event`` point: ``text`` is a one-line summary for annotations, ``detail`` JSON."""
+    detail = dict(event.detail)
+    if event.uuid is not None:
+        detail.setdefault("uuid", event.uuid)
+    text = f"{event.node}: {event.event}"
+    if event.gpu is not None:
+        text += f" gpu {event.gpu}"
+    scalars = [
+        f"{key}={value}"
+        for key, value in sorted(event.detail.items())
+        if isinstance(value, str | int | float | bool) or value is None
+    ]
+    if scalars:
+        text += ": " + ", ".join(scalars)
+    if len(text) > _TEXT_MAX_CHARS:
+        text = text[: _TEXT_MAX_CHARS - 1] + "…"
+    return make_point(
+        "event",
+        ts_ns=event.ts_ns,
+        tags={"site": site, "row": row, "rack": rack, "node": event.node, "kind": event.event},
+        fields={
+            "text": text,
+            "gpu": event.gpu,
+            "detail": json.dumps(detail, sort_keys=True, separators=(",", ":"), default=str),
+        },
+    )
+
+
+def aggregator_point(
+    *,
+    ts_ns: int,
+    site: str,
+    instance: str,
+    dropped: Mapping[str, int] | None = None,
+    **fields: FieldValue | None,
+) -> Point:
+    """An ``aggregator`` health point; ``dropped`` maps a reason to its ``dropped_<reason>``."""
+    all_fields: dict[str, FieldValue | None] = dict(fields)
+    for reason, count in (dropped or {}).items():
+        all_fields[f"dropped_{reason}"] = count
+    return make_point(
+        "aggregator",
+        ts_ns=ts_ns,
+        tags={"site": site, "instance": instance},
+        fields=all_fields,
+    )

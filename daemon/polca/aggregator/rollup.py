@@ -1,0 +1,218 @@
+"""Per-row bookkeeping: node, rack and row power, energy and temperatures (pure).
+
+Fed with decoded messages and the monotonic time of receipt; asked for a ``RowRollup`` at
+each control interval. How a node counts:
+
+- **fresh** (telemetry within ``stale_after_s``): its GPUs' mean power over the last
+  interval, times ``1 + non_gpu_factor``, plus ``non_gpu_w``;
+- **stale** (no telemetry for ``stale_after_s``), **offline** (its Last Will or a clean stop
+  said so) or **unknown** (never heard from): its *nameplate*, the conservative value:
+  ``nameplate_w`` from the topology when set, else the sum of its GPUs' enforced power
+  limits from its last telemetry plus its non-GPU power, else 0 for a node never heard
+  from (such a node is listed, so operators see the gap). A node whose agent is down may
+  still draw power: counting it at its limits errs on the side of capping.
+
+A fresh meter reading (``meter_topic``) replaces the computed row power; otherwise the sum
+of the nodes is used. The row power history feeds a least-squares trend (W/s) for the
+controller's brake-on-trend rule.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from polca.aggregator.config import NodeSpec, RowSpec
+from polca.telemetry.schema import Meter, Status, Telemetry
+
+NodeHealth = Literal["fresh", "stale", "offline", "unknown"]
+
+
+@dataclass(slots=True)
+class NodeView:
+    """What the aggregator knows of one node."""
+
+    spec: NodeSpec
+    rack: str
+    telemetry: Telemetry | None = None
+    received_s: float | None = None
+    status: Literal["online", "offline"] | None = None
+    limits_w: float | None = None  # sum of the GPUs' enforced limits, last telemetry
+
+    def nameplate_w(self) -> float:
+        """The conservative power of this node when its telemetry cannot be trusted."""
+        if self.spec.nameplate_w is not None:
+            return self.spec.nameplate_w
+        if self.limits_w is None:
+            return 0.0
+        return self.limits_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
+
+    def health(self, now_s: float, stale_after_s: float) -> NodeHealth:
+        """fresh, stale, offline or unknown at ``now_s``."""
+        if self.status == "offline":
+            return "offline"
+        if self.telemetry is None or self.received_s is None:
+            return "unknown"
+        if now_s - self.received_s > stale_after_s:
+            return "stale"
+        return "fresh"
+
+    def power_w(self, health: NodeHealth) -> float:
+        """The node's power as counted in its health state."""
+        if health != "fresh" or self.telemetry is None:
+            return self.nameplate_w()
+        gpu_w = self.telemetry.node_gpu_power_w
+        return gpu_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
+
+
+@dataclass(frozen=True, slots=True)
+class RackRollup:
+    """One rack at one instant."""
+
+    rack: str
+    power_w: float
+    budget_w: float | None
+    nodes_online: int
+    nodes_stale: int
+    nodes_offline: int
+    gpu_temp_max_c: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RowRollup:
+    """One row at one instant."""
+
+    row: str
+    computed_power_w: float
+    measured_power_w: float | None
+    power_w: float
+    power_source: Literal["computed", "meter"]
+    budget_w: float
+    racks: tuple[RackRollup, ...]
+    fresh_nodes: tuple[str, ...]
+    stale_nodes: tuple[str, ...]
+    offline_nodes: tuple[str, ...]  # offline or never heard from
+    gpu_temp_max_c: float | None
+    energy_j: float  # GPU energy reported since the aggregator started
+
+    @property
+    def all_reported(self) -> bool:
+        """Every node of the row has sent fresh telemetry."""
+        return not self.stale_nodes and not self.offline_nodes
+
+
+@dataclass(slots=True)
+class RowTracker:
+    """The live state of one row, fed by the intake."""
+
+    spec: RowSpec
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    meter_w: float | None = None
+    meter_received_s: float | None = None
+    energy_j: float = 0.0
+    history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def __post_init__(self) -> None:
+        for rack, node in self.spec.nodes():
+            self.nodes[node.name] = NodeView(node, rack.name)
+
+    def rack_of(self, node: str) -> str | None:
+        """The rack a node belongs to, or None when it is not in this row."""
+        view = self.nodes.get(node)
+        return view.rack if view is not None else None
+
+    def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> None:
+        """Record one telemetry message of a node of this row."""
+        view = self.nodes[node]
+        view.telemetry = telemetry
+        view.received_s = now_s
+        if view.status != "online":
+            view.status = "online"
+        limits = [
+            g.enforced_power_limit_w or g.power_limit_w
+            for g in telemetry.gpus
+            if (g.enforced_power_limit_w or g.power_limit_w) is not None
+        ]
+        if limits:
+            view.limits_w = float(sum(w for w in limits if w is not None))
+        self.energy_j += telemetry.node_energy_delta_j
+
+    def ingest_status(self, node: str, status: Status) -> None:
+        """Record a node's online/offline status (its Last Will says offline)."""
+        self.nodes[node].status = status.state
+
+    def ingest_meter(self, meter: Meter, now_s: float) -> None:
+        """Record a meter reading of the whole row."""
+        self.meter_w = meter.power_w
+        self.meter_received_s = now_s
+
+    def rollup(self, now_s: float, *, stale_after_s: float) -> RowRollup:
+        """The row now; also appends the row power to the trend history."""
+        racks: dict[str, list[tuple[NodeView, NodeHealth]]] = {r.name: [] for r in self.spec.racks}
+        for view in self.nodes.values():
+            racks[view.rack].append((view, view.health(now_s, stale_after_s)))
+        rack_rollups = []
+        fresh: list[str] = []
+        stale: list[str] = []
+        offline: list[str] = []
+        temps: list[float] = []
+        for rack in self.spec.racks:
+            members = racks[rack.name]
+            rack_temps = [
+                g.gpu_temp_max_c or g.gpu_temp_c or 0.0
+                for view, health in members
+                if health == "fresh" and view.telemetry is not None
+                for g in view.telemetry.gpus
+                if (g.gpu_temp_max_c or g.gpu_temp_c) is not None
+            ]
+            temps.extend(rack_temps)
+            for view, health in members:
+                {"fresh": fresh, "stale": stale}.get(health, offline).append(view.spec.name)
+            rack_rollups.append(
+                RackRollup(
+                    rack=rack.name,
+                    power_w=sum(view.power_w(health) for view, health in members),
+                    budget_w=rack.budget_w,
+                    nodes_online=sum(1 for _, h in members if h == "fresh"),
+                    nodes_stale=sum(1 for _, h in members if h == "stale"),
+                    nodes_offline=sum(1 for _, h in members if h in ("offline", "unknown")),
+                    gpu_temp_max_c=max(rack_temps) if rack_temps else None,
+                )
+            )
+        computed = sum(r.power_w for r in rack_rollups)
+        measured = None
+        if (
+            self.meter_w is not None
+            and self.meter_received_s is not None
+            and now_s - self.meter_received_s <= self.spec.meter_max_age_s
+        ):
+            measured = self.meter_w
+        power = measured if measured is not None else computed
+        self.history.append((now_s, power))
+        return RowRollup(
+            row=self.spec.name,
+            computed_power_w=computed,
+            measured_power_w=measured,
+            power_w=power,
+            power_source="meter" if measured is not None else "computed",
+            budget_w=self.spec.budget_w,
+            racks=tuple(rack_rollups),
+            fresh_nodes=tuple(sorted(fresh)),
+            stale_nodes=tuple(sorted(stale)),
+            offline_nodes=tuple(sorted(offline)),
+            gpu_temp_max_c=max(temps) if temps else None,
+            energy_j=self.energy_j,
+        )
+
+    def trend_w_per_s(self, now_s: float, window_s: float) -> float | None:
+        """Least-squares slope of row power over the last ``window_s``; None if too few."""
+        points = [(t, p) for t, p in self.history if now_s - t <= window_s]
+        if len(points) < 3:  # noqa: PLR2004 - a slope needs a few points to mean anything
+            return None
+        mean_t = sum(t for t, _ in points) / len(points)
+        mean_p = sum(p for _, p in points) / len(points)
+        var_t = sum((t - mean_t) ** 2 for t, _ in points)
+        if var_t <= 0:
+            return None
+        return sum((t - mean_t) * (p - mean_p) for t, p in points) / var_t

@@ -1,0 +1,975 @@
+"""The telemetry sink: points from the aggregator into InfluxDB, without losing them.
+
+Why this module exists: the aggregator's loops must never wait for, or fail because of, the
+time-series database. ``Sink.write`` only appends to memory; ``run`` sends batches in the
+background; an outage of the database is bridged by an on-disk spool that is replayed when
+the database answers again, including after a restart of the aggregator. This is the only
+module that imports ``influxdb_client`` and ``aiohttp`` (lazily: they are heavy to import and
+only a running sink needs them).
+
+What it must not do: retry bad data forever, grow without bound, or block the event loop on
+the network. The rules, each counted in ``stats`` and logged:
+
+- A batch goes out when ``batch_size`` points wait or ``flush_interval_s`` after the first
+  of them arrived. One request at a time, oldest data first (the spool before memory).
+- Connection errors, timeouts, HTTP 5xx, 429, 408, and 401/403/404 (credentials, URL,
+  database: an operator fixes those, the data is fine) are an *outage*: the batch is kept,
+  the next try waits a jittered, doubling delay from ``retry_min_s`` to ``retry_max_s``
+  (or the server's ``Retry-After``). ``influx_unreachable`` is logged once per outage and
+  ``influx_recovered`` once the backlog has been replayed.
+- Other 4xx answers (bad data) drop that batch, count its points as rejected and log
+  ``influx_batch_rejected`` once per kind of error.
+- During an outage, points go to the spool (``spool_dir``) in segments of up to
+  ``batch_size`` points, at the latest ``flush_interval_s`` after they arrived. Memory also
+  spills to the spool when it nears ``max_buffer_points`` while the database is slow. Beyond
+  ``spool_max_mb`` the oldest segments are deleted and their points counted as dropped;
+  without a spool, memory holds ``max_buffer_points`` and the oldest points are dropped.
+- ``close`` spends at most ``timeout_s``: it sends what is in memory if the database is
+  reachable and spools the rest (or, without a spool, drops and counts it).
+
+The spool is a directory of append-only segment files ``<seq>-<points>.lp`` (line protocol,
+millisecond timestamps, fsync'ed and renamed into place, so a crash leaves either a whole
+segment or a ``.tmp`` file that is discarded), locked by one process at a time. See
+``docs/influxdb.md`` for the loss bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, cast
+
+import structlog
+
+from polca import aiokit
+from polca.errors import ConfigError, FatalError, PolcaError, RetryableError
+
+if TYPE_CHECKING:
+    import aiohttp
+    from influxdb_client.client.influxdb_client_async import InfluxDBClientAsync
+    from influxdb_client.client.write_api_async import WriteApiAsync
+    from influxdb_client.domain.write_precision import WritePrecision
+
+    from polca.aggregator.points import Point
+    from polca.settings import InfluxSettings
+
+_T = TypeVar("_T")
+
+PRECISION: Final = "ms"
+"""Timestamp precision of every write and of the spool files."""
+
+_SEGMENT_NAME: Final = re.compile(r"^(\d{16})-(\d+)\.lp$")
+_LOCK_NAME: Final = ".lock"
+_RETRY_STATUSES: Final = frozenset({401, 403, 404, 408, 429})
+_DROP_LOG_INTERVAL_S: Final = 60.0
+_SPOOL_RETRY_S: Final = 5.0
+_CLOSE_RESERVE_FRACTION: Final = 0.3
+
+
+class InfluxUnavailableError(RetryableError):
+    """The database did not take a batch now (unreachable, overloaded, misconfigured).
+
+    The batch is kept and sent again later; ``status`` is the HTTP status, if any.
+    """
+
+    def __init__(self, msg: str, *, status: int | None = None, delay_s: float = 0.0) -> None:
+        super().__init__(msg, delay_s=delay_s)
+        self.status = status
+
+
+class BatchRejectedError(PolcaError):
+    """The database refused a batch's data (HTTP 4xx): sending it again cannot help.
+
+    ``kind`` identifies the class of error for logging once; ``dropped_points`` is the
+    number of points the database says it dropped (a partial write), when it says so.
+    """
+
+    def __init__(self, msg: str, *, status: int, kind: str, dropped_points: int | None) -> None:
+        super().__init__(msg)
+        self.status = status
+        self.kind = kind
+        self.dropped_points = dropped_points
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SinkStats:
+    """A snapshot of a sink's counters (totals since start) and gauges (now)."""
+
+    points_written: int = 0
+    """Points the database accepted."""
+    points_dropped: int = 0
+    """Points given up, for any reason (see ``dropped``); includes ``points_rejected``."""
+    points_rejected: int = 0
+    """Points the database refused as bad data."""
+    points_spooled: int = 0
+    """Points written to the spool (a point replayed twice counts twice)."""
+    spool_points: int = 0
+    """Points waiting in the spool now."""
+    spool_bytes: int = 0
+    """Size of the spool now."""
+    points_buffered: int = 0
+    """Points waiting in memory now."""
+    write_errors: int = 0
+    """Write requests that failed (outage or rejection)."""
+    last_error: str | None = None
+    """The last write error, for operators."""
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Dropped points by reason: memory_full, spool_full, spool_unreadable, rejected, closed."""
+
+
+class Sink(Protocol):
+    """Where the aggregator's points go; the seam between its loops and the database."""
+
+    def write(self, points: Sequence[Point]) -> None:
+        """Queue points for writing; never blocks, never raises."""
+        ...
+
+    async def run(self) -> None:
+        """Send queued points until closed (returns after ``close``)."""
+        ...
+
+    async def close(self, timeout_s: float) -> None:
+        """Final flush, bounded by ``timeout_s``; later writes are dropped and counted."""
+        ...
+
+    @property
+    def stats(self) -> SinkStats:
+        """Counters and gauges of this sink."""
+        ...
+
+
+class MemorySink:
+    """A sink that keeps points in a list: for tests and simulations without a database."""
+
+    def __init__(self, *, max_points: int | None = None) -> None:
+        self.points: list[Point] = []
+        """Every point written and not dropped, in order."""
+        self._max_points = max_points
+        self._dropped: dict[str, int] = {}
+        self._written = 0
+        self._closed = asyncio.Event()
+
+    def write(self, points: Sequence[Point]) -> None:
+        """Record the points (dropped and counted once the sink is closed)."""
+        if self._closed.is_set():
+            self._dropped["closed"] = self._dropped.get("closed", 0) + len(points)
+            return
+        self.points.extend(points)
+        self._written += len(points)
+        if self._max_points is not None and len(self.points) > self._max_points:
+            excess = len(self.points) - self._max_points
+            del self.points[:excess]
+            self._dropped["memory_full"] = self._dropped.get("memory_full", 0) + excess
+
+    def measurement(self, name: str) -> list[Point]:
+        """The recorded points of one measurement."""
+        return [p for p in self.points if p.measurement == name]
+
+    async def run(self) -> None:
+        """Wait until closed."""
+        await self._closed.wait()
+
+    async def close(self, timeout_s: float) -> None:
+        """Stop recording."""
+        self._closed.set()
+
+    @property
+    def stats(self) -> SinkStats:
+        """Points recorded and dropped."""
+        return SinkStats(
+            points_written=self._written,
+            points_dropped=sum(self._dropped.values()),
+            points_buffered=len(self.points),
+            dropped=dict(self._dropped),
+        )
+
+
+def resolve_token(settings: InfluxSettings) -> str | None:
+    """The v2 token (or v1 password): ``influx.token``, ``token_file``, or the credential.
+
+    The systemd credential is ``$CREDENTIALS_DIRECTORY/influx_token`` (``LoadCredential=``).
+    Only the first line of a file counts. A ``token_file`` that cannot be read is a
+    ``ConfigError``; no token at all is fine (VictoriaMetrics, InfluxDB without auth).
+    """
+    if settings.token is not None:
+        return settings.token.get_secret_value()
+    if settings.token_file is not None:
+        try:
+            return _first_line(settings.token_file)
+        except OSError as exc:
+            msg = f"cannot read influx.token_file {settings.token_file}: {exc}"
+            raise ConfigError(msg) from exc
+    cred_dir = os.environ.get("CREDENTIALS_DIRECTORY")
+    if cred_dir:
+        credential = Path(cred_dir) / "influx_token"
+        if credential.is_file():
+            return _first_line(credential)
+    return None
+
+
+def _first_line(path: Path) -> str:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _redacted(url: str) -> str:
+    """The URL without user:password, for logs."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _error_text(body: bytes | str | None) -> str:
+    """The message in an InfluxDB error body (``{"error": ...}`` or ``{"message": ...}``)."""
+    if body is None:
+        return ""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    with contextlib.suppress(ValueError, AttributeError):
+        parsed = json.loads(text)
+        for key in ("error", "message"):
+            if isinstance(parsed.get(key), str):
+                return str(parsed[key])
+    return text.strip()[:500]
+
+
+def classify_status(status: int, message: str, *, retry_after: str | None = None) -> PolcaError:
+    """The error for a non-2xx answer: retry later (outage) or drop the batch (bad data)."""
+    if status >= 500 or status in _RETRY_STATUSES:
+        delay_s = 0.0
+        with contextlib.suppress(TypeError, ValueError):
+            delay_s = float(retry_after) if retry_after is not None else 0.0
+        hint = ""
+        if status == 404:
+            hint = " (wrong URL, missing database/bucket, or an InfluxDB 1.x needing api: v1?)"
+        elif status in {401, 403}:
+            hint = " (check the token / user name and password)"
+        msg = f"HTTP {status}: {message}{hint}"
+        return InfluxUnavailableError(msg, status=status, delay_s=delay_s)
+    dropped = re.search(r"dropped=(\d+)", message)
+    # One kind per class of error: quoted names and numbers vary from batch to batch.
+    kind = re.sub(r"\d+", "N", re.split(r"[\"'`]", message, maxsplit=1)[0]).strip()
+    return BatchRejectedError(
+        f"HTTP {status}: {message}",
+        status=status,
+        kind=f"{status}:{kind[:80]}",
+        dropped_points=int(dropped.group(1)) if dropped else None,
+    )
+
+
+class _Transport(Protocol):
+    async def send(self, body: bytes) -> None:
+        """POST one line-protocol body; raise InfluxUnavailableError or BatchRejectedError."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+class _V2Transport:
+    """``/api/v2/write`` through influxdb-client's async API (no batching or retries there)."""
+
+    def __init__(self, settings: InfluxSettings, token: str | None) -> None:
+        self._settings = settings
+        self._token = token
+        self._client: InfluxDBClientAsync | None = None
+        self._write_api: WriteApiAsync | None = None
+
+    async def send(self, body: bytes) -> None:
+        import aiohttp  # noqa: PLC0415 - heavy; imported when the first batch goes out
+        from influxdb_client.client.exceptions import InfluxDBError  # noqa: PLC0415
+        from influxdb_client.client.influxdb_client_async import (  # noqa: PLC0415
+            InfluxDBClientAsync,
+        )
+        from influxdb_client.domain.write_precision import (  # noqa: PLC0415
+            WritePrecision as Precision,
+        )
+        from influxdb_client.rest import ApiException  # noqa: PLC0415
+
+        settings = self._settings
+        if self._client is None or self._write_api is None:
+            # The async client must be made inside the running loop.
+            self._client = InfluxDBClientAsync(
+                url=str(settings.url),
+                token=self._token or "",  # empty: no Authorization header
+                org=settings.org,
+                timeout=int(settings.timeout_s * 1000),
+            )
+            self._write_api = self._client.write_api()
+        try:
+            await self._write_api.write(
+                bucket=settings.bucket,
+                org=settings.org,
+                record=body,
+                write_precision=cast("WritePrecision", Precision.MS),
+            )
+        except ApiException as exc:
+            status = int(exc.status or 0)
+            message = _error_text(exc.body) or str(exc.reason)
+            retry_after = exc.headers.get("Retry-After") if exc.headers else None
+            raise classify_status(status, message, retry_after=retry_after) from exc
+        except (InfluxDBError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+            msg = f"{type(exc).__name__}: {exc}"
+            raise InfluxUnavailableError(msg) from exc
+
+    async def aclose(self) -> None:
+        client, self._client, self._write_api = self._client, None, None
+        if client is not None:
+            await client.close()  # type: ignore[no-untyped-call]
+
+
+class _V1Transport:
+    """``/write?db=&rp=&precision=ms`` of InfluxDB 1.x, posted with aiohttp."""
+
+    def __init__(self, settings: InfluxSettings, token: str | None) -> None:
+        self._settings = settings
+        self._password = token
+        self._session: aiohttp.ClientSession | None = None
+        params = {"db": settings.database, "precision": PRECISION}
+        if settings.retention_policy:
+            params["rp"] = settings.retention_policy
+        self._url = f"{str(settings.url).rstrip('/')}/write?{urllib.parse.urlencode(params)}"
+
+    async def send(self, body: bytes) -> None:
+        import aiohttp  # noqa: PLC0415 - heavy; imported when the first batch goes out
+
+        settings = self._settings
+        if self._session is None:
+            auth = None
+            if settings.username is not None:
+                auth = aiohttp.BasicAuth(settings.username, self._password or "")
+            self._session = aiohttp.ClientSession(
+                auth=auth, timeout=aiohttp.ClientTimeout(total=settings.timeout_s)
+            )
+        try:
+            async with self._session.post(
+                self._url, data=body, headers={"Content-Type": "text/plain; charset=utf-8"}
+            ) as response:
+                if 200 <= response.status < 300:
+                    return
+                message = _error_text(await response.read())
+                raise classify_status(
+                    response.status, message, retry_after=response.headers.get("Retry-After")
+                )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            msg = f"{type(exc).__name__}: {exc}"
+            raise InfluxUnavailableError(msg) from exc
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Segment:
+    path: Path
+    seq: int
+    points: int
+    size_bytes: int
+
+
+class _Spool:
+    """Append-only segment files in one directory, oldest first; synchronous file I/O.
+
+    Every method runs in a worker thread (``_in_thread``), one call at a time.
+    """
+
+    def __init__(self, directory: Path, *, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self._segments: deque[_Segment] = deque()
+        self._next_seq = 0
+        self._lock_fd: int | None = None
+        self.points = 0
+        self.size_bytes = 0
+        self.appended_points = 0
+        self.evicted_points = 0
+        self.unreadable_points = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self._segments
+
+    def open(self) -> None:
+        """Lock the directory and index the segments a previous run left."""
+        if self._lock_fd is not None:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            msg = f"cannot use influx spool directory {self.directory}: {exc}"
+            raise ConfigError(msg) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            msg = f"influx spool {self.directory} is in use by another process"
+            raise FatalError(msg) from exc
+        self._lock_fd = fd
+        found: list[_Segment] = []
+        for path in self.directory.iterdir():
+            if path.name.endswith(".tmp"):
+                path.unlink()  # a segment a crash interrupted before its rename
+                continue
+            match = _SEGMENT_NAME.match(path.name)
+            if match:
+                size = path.stat().st_size
+                found.append(_Segment(path, int(match.group(1)), int(match.group(2)), size))
+        found.sort(key=lambda s: s.seq)
+        self._segments = deque(found)
+        self._next_seq = found[-1].seq + 1 if found else 0
+        self.points = sum(s.points for s in found)
+        self.size_bytes = sum(s.size_bytes for s in found)
+
+    def close(self) -> None:
+        """Release the directory lock (the segments stay for the next run)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def append(self, lines: Sequence[bytes]) -> None:
+        """Write one segment durably, first evicting the oldest ones beyond the bound."""
+        body = b"\n".join(lines) + b"\n"
+        # Make room first, but never evict to nothing: one segment may exceed a tiny bound.
+        while self._segments and self.size_bytes + len(body) > self.max_bytes:
+            self.evicted_points += self._remove_oldest().points
+        name = f"{self._next_seq:016d}-{len(lines)}.lp"
+        path = self.directory / name
+        tmp = self.directory / f"{name}.tmp"
+        with tmp.open("wb") as stream:
+            stream.write(body)
+            stream.flush()
+            os.fsync(stream.fileno())
+        tmp.replace(path)
+        self._fsync_directory()
+        self._segments.append(_Segment(path, self._next_seq, len(lines), len(body)))
+        self._next_seq += 1
+        self.points += len(lines)
+        self.size_bytes += len(body)
+        self.appended_points += len(lines)
+
+    def _remove_oldest(self) -> _Segment:
+        segment = self._segments.popleft()
+        # A segment that cannot be deleted is replayed again at the next start: a duplicate
+        # the database absorbs, never a loss.
+        with contextlib.suppress(OSError):
+            segment.path.unlink(missing_ok=True)
+        self.points -= segment.points
+        self.size_bytes -= segment.size_bytes
+        return segment
+
+    def _fsync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_oldest(self, max_points: int) -> tuple[list[_Segment], bytes]:
+        """The oldest segments holding at most ``max_points`` (at least one), as one body.
+
+        A segment that cannot be read is taken out of the spool and its points counted in
+        ``unreadable_points``.
+        """
+        taken: list[_Segment] = []
+        bodies: list[bytes] = []
+        total = 0
+        while len(taken) < len(self._segments):
+            segment = self._segments[len(taken)]
+            if taken and total + segment.points > max_points:
+                break
+            try:
+                body = segment.path.read_bytes().rstrip(b"\n")
+            except OSError:
+                if taken:
+                    break  # send what was read; this one is dealt with next time
+                self.unreadable_points += self._remove_oldest().points
+                continue
+            taken.append(segment)
+            bodies.append(body)
+            total += segment.points
+        return taken, b"\n".join(b for b in bodies if b)
+
+    def remove(self, segments: Sequence[_Segment]) -> None:
+        """Delete segments that were sent (or rejected): they are the oldest ones."""
+        for segment in segments:
+            if self._segments and self._segments[0] == segment:
+                self._remove_oldest()
+
+
+async def _in_thread(function: Callable[..., _T], *args: Any) -> _T:
+    """Run blocking file I/O in a worker thread; a cancellation waits for it to finish.
+
+    A spool operation abandoned halfway would leave memory and disk disagreeing about
+    which points are where, so it always completes before the cancellation propagates.
+    """
+    future = asyncio.get_running_loop().run_in_executor(None, function, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise
+
+
+class InfluxSink:
+    """Batches, retries and spools points into InfluxDB (v2 or v1 write API).
+
+    Construct anywhere (no I/O); ``run`` inside the event loop that calls ``write``.
+    ``token`` overrides ``resolve_token(settings)``; ``clock`` is a monotonic clock in
+    seconds.
+    """
+
+    def __init__(
+        self,
+        settings: InfluxSettings,
+        *,
+        token: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if settings.url is None:
+            msg = "influx.url is not set: nothing to write to"
+            raise ConfigError(msg)
+        self._settings = settings
+        self._token = token
+        self._clock = clock
+        self._log_context = {"sink": "influx", "url": _redacted(settings.url), "api": settings.api}
+        self._memory: deque[bytes] = deque()
+        self._oldest_at: float | None = None
+        self._wake = asyncio.Event()
+        self._finished = asyncio.Event()
+        self._closing = False
+        self._close_deadline = 0.0
+        self._running = False
+        self._started = False
+        self._send_timeout: asyncio.Timeout | None = None
+        self._spool = (
+            _Spool(settings.spool_dir, max_bytes=int(settings.spool_max_mb * 1024 * 1024))
+            if settings.spool_dir is not None
+            else None
+        )
+        self._spool_retry_at = 0.0
+        self._transport: _Transport | None = None
+        # Outage bookkeeping: when it began, when to try next, how to back off.
+        self._outage_since: float | None = None
+        self._recovered_at: float | None = None
+        self._recovered_outage_s = 0.0
+        self._replayed = 0
+        self._retry_at = 0.0
+        self._delays: Iterator[float] | None = None
+        self._rejected_kinds: set[str] = set()
+        self._drop_logged_at: dict[str, float] = {}
+        # Counters.
+        self._written = 0
+        self._rejected = 0
+        self._write_errors = 0
+        self._last_error: str | None = None
+        self._dropped: dict[str, int] = {}
+
+    def _log(self) -> Any:
+        # Bound per call, not once: logging configuration (and capture_logs in tests) may
+        # change after the sink is built. The sink logs rarely.
+        return structlog.get_logger().bind(**self._log_context)
+
+    # -- the caller's side ----------------------------------------------------------------
+
+    def write(self, points: Sequence[Point]) -> None:
+        """Queue points (as line protocol) for the next batch; never blocks or raises."""
+        if self._closing:
+            self._drop("closed", len(points))
+            return
+        was_empty = not self._memory
+        for point in points:
+            line = point.to_line(PRECISION)
+            if line:
+                self._memory.append(line.encode())
+        if not self._memory:
+            return
+        if was_empty:
+            self._oldest_at = self._clock()
+        self._enforce_memory_bound()
+        if was_empty or len(self._memory) >= self._settings.batch_size:
+            self._wake.set()
+
+    @property
+    def stats(self) -> SinkStats:
+        """Counters since start and the current memory and spool backlog."""
+        spool = self._spool
+        dropped = dict(self._dropped)
+        if spool is not None and spool.evicted_points:
+            dropped["spool_full"] = spool.evicted_points
+        if spool is not None and spool.unreadable_points:
+            dropped["spool_unreadable"] = spool.unreadable_points
+        return SinkStats(
+            points_written=self._written,
+            points_dropped=sum(dropped.values()),
+            points_rejected=self._rejected,
+            points_spooled=spool.appended_points if spool else 0,
+            spool_points=spool.points if spool else 0,
+            spool_bytes=spool.size_bytes if spool else 0,
+            points_buffered=len(self._memory),
+            write_errors=self._write_errors,
+            last_error=self._last_error,
+            dropped=dropped,
+        )
+
+    @property
+    def in_outage(self) -> bool:
+        """Whether the last write attempt failed and the database is considered down."""
+        return self._outage_since is not None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Open the spool (replaying what a previous run left) and send until closed."""
+        if self._running:
+            msg = "InfluxSink.run() is already running"
+            raise RuntimeError(msg)
+        self._running = True
+        try:
+            await self._open()
+            while not self._closing:
+                await self._step()
+            # Closing: the final flush is bounded by the deadline close() set.
+            await self._final_flush()
+        finally:
+            self._running = False
+            await self._close_transport()
+
+    async def close(self, timeout_s: float) -> None:
+        """Send what memory holds if the database answers, spool the rest; at most ``timeout_s``.
+
+        Works whether ``run`` is active (it is asked to finish), was cancelled, or never ran.
+        """
+        if self._finished.is_set():
+            return
+        if not self._closing:
+            self._closing = True
+            self._close_deadline = self._clock() + timeout_s
+        self._wake.set()
+        # A request in flight must not outlive the close deadline.
+        self._limit_send_to(self._close_deadline)
+        if self._running:
+            try:
+                async with asyncio.timeout(max(0.0, self._close_deadline - self._clock())):
+                    await self._finished.wait()
+            except TimeoutError:
+                self._log().error("influx_close_timeout", timeout_s=timeout_s)
+            return
+        await self._final_flush()
+
+    async def _open(self) -> None:
+        if self._started:
+            return
+        if self._token is None:
+            self._token = resolve_token(self._settings)
+        if self._spool is not None:
+            await _in_thread(self._spool.open)
+            if not self._spool.empty:
+                self._log().info(
+                    "influx_spool_found",
+                    spool_points=self._spool.points,
+                    spool_bytes=self._spool.size_bytes,
+                )
+        self._started = True
+
+    def _get_transport(self) -> _Transport:
+        if self._transport is None:
+            factory = _V2Transport if self._settings.api == "v2" else _V1Transport
+            self._transport = factory(self._settings, self._token)
+        return self._transport
+
+    async def _close_transport(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await transport.aclose()
+
+    # -- one iteration of the send loop ---------------------------------------------------
+
+    async def _step(self) -> None:
+        """Spill, send or sleep until the next deadline: one decision per call."""
+        self._wake.clear()
+        now = self._clock()
+        if self._spill_due(now):
+            await self._spill(self._take(self._settings.batch_size))
+            return
+        if now >= self._retry_at and self._send_due(now):
+            await self._send_next()
+            return
+        sleep_s = self._sleep_s(now)
+        if sleep_s is None:
+            await self._wake.wait()
+        else:
+            await aiokit.wait_first(self._wake, sleep_s)
+
+    def _send_due(self, now: float) -> bool:
+        if self._spool is not None and not self._spool.empty:
+            return True
+        return self._flush_due(now)
+
+    def _flush_due(self, now: float) -> bool:
+        if len(self._memory) >= self._settings.batch_size:
+            return True
+        return (
+            bool(self._memory)
+            and self._oldest_at is not None
+            and (now - self._oldest_at >= self._settings.flush_interval_s)
+        )
+
+    def _spill_due(self, now: float) -> bool:
+        if self._spool is None or not self._memory or now < self._spool_retry_at:
+            return False
+        settings = self._settings
+        high_water = settings.max_buffer_points - min(
+            settings.batch_size, settings.max_buffer_points // 2
+        )
+        if len(self._memory) > high_water:
+            return True  # the database is slower than the input: spill, don't drop
+        return self.in_outage and self._flush_due(now)
+
+    def _sleep_s(self, now: float) -> float | None:
+        """Seconds until something becomes due (None: until ``write`` or ``close`` wakes us)."""
+        spool = self._spool
+        flush_at = (
+            self._oldest_at + self._settings.flush_interval_s
+            if self._memory and self._oldest_at is not None
+            else None
+        )
+        wake_at: list[float] = []
+        if self.in_outage:
+            if self._memory or (spool is not None and not spool.empty):
+                wake_at.append(self._retry_at)  # the next try
+            if flush_at is not None and spool is not None:
+                wake_at.append(max(flush_at, self._spool_retry_at))  # the next spill
+        elif flush_at is not None:
+            wake_at.append(max(flush_at, self._retry_at))  # the next time-triggered batch
+        if spool is not None and self._memory and now < self._spool_retry_at:
+            wake_at.append(self._spool_retry_at)  # the spool failed: try it again then
+        return max(0.0, min(wake_at) - now) if wake_at else None
+
+    def _take(self, count: int) -> list[bytes]:
+        """Pop up to ``count`` of the oldest lines from memory."""
+        memory = self._memory
+        taken = [memory.popleft() for _ in range(min(count, len(memory)))]
+        self._oldest_at = self._clock() if memory else None
+        return taken
+
+    def _put_back(self, lines: list[bytes]) -> None:
+        """Return lines to the head of memory (they are older than what is there)."""
+        if not lines:
+            return
+        self._memory.extendleft(reversed(lines))
+        if self._oldest_at is None:
+            self._oldest_at = self._clock()
+        self._enforce_memory_bound()
+
+    def _enforce_memory_bound(self) -> None:
+        excess = len(self._memory) - self._settings.max_buffer_points
+        if excess > 0:
+            for _ in range(excess):
+                self._memory.popleft()
+            self._drop("memory_full", excess)
+
+    async def _send_next(self) -> None:
+        """Send one batch: the oldest spool segments first, else the oldest memory lines."""
+        spool = self._spool
+        if spool is not None and not spool.empty:
+            unreadable_before = spool.unreadable_points
+            segments, body = await _in_thread(spool.read_oldest, self._settings.batch_size)
+            if spool.unreadable_points > unreadable_before:
+                lost = spool.unreadable_points - unreadable_before
+                self._log_drop("spool_unreadable", lost, spool.unreadable_points)
+            if not segments:
+                return
+            count = sum(s.points for s in segments)
+            outcome = await self._attempt(body, count)
+            if outcome != "retry":
+                await _in_thread(spool.remove, segments)
+            return
+        lines = self._take(self._settings.batch_size)
+        try:
+            outcome = await self._attempt(b"\n".join(lines), len(lines))
+        except BaseException:
+            self._put_back(lines)  # cancelled mid-request: nothing is lost
+            raise
+        if outcome == "retry":
+            if self._spool is not None and self._spool_retry_at <= self._clock():
+                await self._spill(lines)
+            else:
+                self._put_back(lines)
+
+    async def _attempt(self, body: bytes, count: int) -> str:
+        """One request; ``sent``, ``rejected`` or ``retry``, with the bookkeeping done."""
+        if not body:
+            return "sent"
+        try:
+            async with asyncio.timeout(self._settings.timeout_s + 1.0) as timeout:
+                self._send_timeout = timeout
+                if self._closing:
+                    self._limit_send_to(self._close_deadline)
+                await self._get_transport().send(body)
+        except TimeoutError as exc:
+            self._on_unavailable(InfluxUnavailableError(f"timed out: {exc}"))
+            return "retry"
+        except InfluxUnavailableError as exc:
+            self._on_unavailable(exc)
+            return "retry"
+        except BatchRejectedError as exc:
+            self._on_rejected(exc, count)
+            self._on_answer(count)
+            return "rejected"
+        finally:
+            self._send_timeout = None
+        self._written += count
+        self._on_answer(count)
+        return "sent"
+
+    def _limit_send_to(self, deadline: float) -> None:
+        timeout = self._send_timeout
+        if timeout is None:
+            return
+        remaining = deadline - self._clock()
+        reserve = max(0.0, remaining * _CLOSE_RESERVE_FRACTION)
+        when = asyncio.get_running_loop().time() + max(0.0, remaining - reserve)
+        current = timeout.when()
+        if current is None or when < current:
+            timeout.reschedule(when)
+
+    def _on_unavailable(self, exc: InfluxUnavailableError) -> None:
+        now = self._clock()
+        self._write_errors += 1
+        self._last_error = str(exc)
+        if self._outage_since is None:
+            self._outage_since = now
+            self._delays = aiokit.backoff_delays(
+                self._settings.retry_min_s, self._settings.retry_max_s
+            )
+            self._log().warning("influx_unreachable", error=str(exc), status=exc.status)
+        delays = self._delays or aiokit.backoff_delays(
+            self._settings.retry_min_s, self._settings.retry_max_s
+        )
+        delay_s = min(max(next(delays), exc.delay_s), max(self._settings.retry_max_s, 0.0))
+        self._retry_at = now + delay_s
+
+    def _on_rejected(self, exc: BatchRejectedError, count: int) -> None:
+        self._write_errors += 1
+        self._last_error = str(exc)
+        rejected = count if exc.dropped_points is None else min(count, exc.dropped_points)
+        # A partial write (InfluxDB 1.x) kept the other points of the batch.
+        self._written += count - rejected
+        self._rejected += rejected
+        self._drop("rejected", rejected, log=False)
+        if exc.kind not in self._rejected_kinds:
+            self._rejected_kinds.add(exc.kind)
+            self._log().error(
+                "influx_batch_rejected",
+                status=exc.status,
+                error=str(exc),
+                points=rejected,
+                kind=exc.kind,
+            )
+
+    def _on_answer(self, count: int) -> None:
+        """The database answered: end an outage, and log recovery once the backlog is gone."""
+        now = self._clock()
+        if self._outage_since is not None:
+            self._recovered_outage_s += now - self._outage_since
+            self._recovered_at = self._recovered_at or now
+            self._outage_since = None
+            self._delays = None
+            self._retry_at = 0.0
+            self._replayed = 0
+        if self._recovered_at is None:
+            return
+        self._replayed += count
+        backlog_gone = (self._spool is None or self._spool.empty) and (
+            len(self._memory) < self._settings.batch_size
+        )
+        if backlog_gone:
+            self._log().info(
+                "influx_recovered",
+                outage_s=round(self._recovered_outage_s, 3),
+                points_replayed=self._replayed,
+                replay_s=round(now - self._recovered_at, 3),
+            )
+            self._recovered_at = None
+            self._recovered_outage_s = 0.0
+            self._replayed = 0
+
+    async def _spill(self, lines: list[bytes]) -> None:
+        """Move lines to a new spool segment; on a disk error keep them in memory a while."""
+        spool = self._spool
+        if not lines or spool is None:
+            self._put_back(lines)
+            return
+        evicted_before = spool.evicted_points
+        try:
+            await _in_thread(spool.append, lines)
+        except OSError as exc:
+            self._spool_retry_at = self._clock() + _SPOOL_RETRY_S
+            self._log().error("influx_spool_failed", error=str(exc), spool_dir=str(spool.directory))
+            self._put_back(lines)
+            return
+        evicted = spool.evicted_points - evicted_before
+        if evicted:
+            self._log_drop("spool_full", evicted, spool.evicted_points)
+
+    def _drop(self, reason: str, count: int, *, log: bool = True) -> None:
+        if count <= 0:
+            return
+        self._dropped[reason] = self._dropped.get(reason, 0) + count
+        if log:
+            self._log_drop(reason, count, self._dropped[reason])
+
+    def _log_drop(self, reason: str, count: int, total: int) -> None:
+        """``influx_points_dropped``, at most once a minute per reason (with the total)."""
+        now = self._clock()
+        last = self._drop_logged_at.get(reason)
+        if last is None or now - last >= _DROP_LOG_INTERVAL_S:
+            self._drop_logged_at[reason] = now
+            self._log().warning("influx_points_dropped", reason=reason, points=count, total=total)
+
+    async def _final_flush(self) -> None:
+        """Send memory if the database answers, within the close deadline; spool the rest."""
+        try:
+            await self._open()
+            reserve_s = (self._close_deadline - self._clock()) * _CLOSE_RESERVE_FRACTION
+            while self._memory and not self.in_outage:
+                if self._clock() >= self._close_deadline - reserve_s:
+                    break
+                lines = self._take(self._settings.batch_size)
+                outcome = await self._attempt(b"\n".join(lines), len(lines))
+                if outcome == "retry":
+                    self._put_back(lines)
+            while self._memory and self._spool is not None:
+                before = len(self._memory)
+                await self._spill(self._take(self._settings.batch_size))
+                if len(self._memory) >= before:
+                    break  # the spool fails: what is left is dropped below
+            if self._memory:
+                count = len(self._memory)
+                self._memory.clear()
+                self._drop("closed", count)
+        finally:
+            await self._close_transport()
+            if self._spool is not None:
+                self._spool.close()
+            self._finished.set()
+            if self._spool is not None and not self._spool.empty:
+                self._log().info(
+                    "influx_spool_kept",
+                    spool_points=self._spool.points,
+                    spool_bytes=self._spool.size_bytes,
+                )

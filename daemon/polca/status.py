@@ -1,0 +1,166 @@
+"""``polca status``: the state of every row, rack and node, from retained MQTT messages.
+
+Connects, subscribes to the retained summaries, control, node status and state of a site
+(or all sites), waits a moment for the broker to deliver them, and prints tables. Reads
+only: it never publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from polca.settings import MqttSettings
+from polca.telemetry.bus import InMessage, MqttBus
+from polca.telemetry.schema import Control, RowSummary, SchemaError, State, Status, decode
+from polca.telemetry.topics import Topics
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What the retained messages say."""
+
+    summaries: dict[tuple[str, str], RowSummary] = field(default_factory=dict)
+    controls: dict[tuple[str, str, str | None], Control] = field(default_factory=dict)
+    statuses: dict[tuple[str, str, str, str], Status] = field(default_factory=dict)
+    states: dict[tuple[str, str, str, str], State] = field(default_factory=dict)
+    aggregators: dict[tuple[str, str], Status] = field(default_factory=dict)
+    rejected: int = 0
+
+    def add(self, topics: Topics, message: InMessage) -> None:
+        """File one retained message under its place."""
+        if not message.payload:
+            return
+        try:
+            payload = decode(message.payload)
+        except SchemaError:
+            self.rejected += 1
+            return
+        parts = message.topic[len(topics.root) + 1 :].split("/")
+        parsed = topics.parse_node(message.topic)
+        if parsed is not None:
+            addr, _ = parsed
+            key = (addr.site, addr.row, addr.rack, addr.node)
+            if isinstance(payload, Status):
+                self.statuses[key] = payload
+            elif isinstance(payload, State):
+                self.states[key] = payload
+        elif isinstance(payload, RowSummary):
+            self.summaries[(parts[0], payload.row)] = payload
+        elif isinstance(payload, Control):
+            self.controls[(parts[0], payload.row, payload.rack)] = payload
+        elif isinstance(payload, Status) and len(parts) == 4 and parts[1] == "aggregator":  # noqa: PLR2004
+            self.aggregators[(parts[0], parts[2])] = payload
+
+
+def _kw(watts: float | None) -> str:
+    return "-" if watts is None else f"{watts / 1000:.1f} kW"
+
+
+def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
+    """Print the snapshot as tables."""
+    if not (snapshot.summaries or snapshot.statuses or snapshot.controls):
+        out.write("no polca state on this broker (no retained summaries, control or status)\n")
+        return
+    for (site, instance), status in sorted(snapshot.aggregators.items()):
+        out.write(f"aggregator {site}/{instance}: {status.state}, policy "
+                  f"{status.policy_name} {status.policy_revision}\n")
+    rows = sorted({(s, r) for s, r in snapshot.summaries} | {(s, r) for s, r, _ in snapshot.controls})
+    if rows:
+        out.write(f"\n{'ROW':<16}{'POWER':>11}{'BUDGET':>11}{'%':>7}  {'LEVEL':<10}{'LEASE':>8}  "
+                  f"{'SOURCE':<9}{'OFFLINE/STALE'}\n")
+    for site, row in rows:
+        summary = snapshot.summaries.get((site, row))
+        control = snapshot.controls.get((site, row, None))
+        lease = "-"
+        if control is not None:
+            left_s = (control.lease_expires_ns - now_ns) / 1e9
+            lease = f"{left_s:.1f}s" if left_s > 0 else "EXPIRED"
+        level = control.level_name or str(control.level) if control else "-"
+        if control is not None and control.observe:
+            level += " (obs)"
+        if summary is None:
+            out.write(f"{site + '/' + row:<16}{'-':>11}{'-':>11}{'-':>7}  {level:<10}{lease:>8}\n")
+            continue
+        pct = 100 * summary.power_w / summary.effective_budget_w
+        gaps = [f"{n} (offline)" for n in summary.offline_nodes] + [
+            f"{n} (stale)" for n in summary.stale_nodes
+        ]
+        out.write(
+            f"{site + '/' + row:<16}{_kw(summary.power_w):>11}{_kw(summary.effective_budget_w):>11}"
+            f"{pct:6.1f}%  {level:<10}{lease:>8}  {summary.power_source:<9}"
+            f"{', '.join(gaps) or '-'}\n"
+        )
+        for rack in summary.racks:
+            rack_control = snapshot.controls.get((site, row, rack.rack))
+            rack_level = f" level {rack_control.level_name}" if rack_control else ""
+            out.write(
+                f"  rack {rack.rack:<10}{_kw(rack.power_w):>11}{_kw(rack.budget_w):>11}"
+                f"  nodes {rack.nodes_online} up, {rack.nodes_stale} stale, "
+                f"{rack.nodes_offline} offline{rack_level}\n"
+            )
+    if snapshot.statuses:
+        out.write(f"\n{'NODE':<32}{'STATUS':<9}{'LEVEL':>6}  {'MODE':<10}{'GPUS':>5}  CAPS\n")
+    for key in sorted(snapshot.statuses):
+        site, row, rack_name, node = key
+        status = snapshot.statuses[key]
+        state = snapshot.states.get(key)
+        mode = "-"
+        caps = "-"
+        level = "-"
+        if state is not None:
+            level = str(state.level)
+            mode = "fail-safe" if state.fail_safe else ("observe" if state.observe_only else "enforce")
+            capped = [g for g in state.gpus if g.sm_clock_max_mhz or g.power_limit_w]
+            caps = ", ".join(
+                f"gpu{g.index}<={g.sm_clock_max_mhz}MHz" if g.sm_clock_max_mhz
+                else f"gpu{g.index}<={g.power_limit_w:.0f}W"
+                for g in capped[:4]
+            ) + (f" +{len(capped) - 4}" if len(capped) > 4 else "")  # noqa: PLR2004
+            caps = caps or "uncapped"
+        name = f"{site}/{row}/{rack_name}/{node}"
+        out.write(f"{name:<32}{status.state:<9}{level:>6}  {mode:<10}{status.gpu_count:>5}  {caps}\n")
+    if snapshot.rejected:
+        out.write(f"\n({snapshot.rejected} retained message(s) could not be read)\n")
+
+
+async def collect(
+    settings: MqttSettings, *, root: str, site: str, wait_s: float
+) -> Snapshot:
+    """Subscribe, gather retained messages for ``wait_s`` seconds, disconnect."""
+    topics = Topics(root)
+    filters: Sequence[str] = (
+        f"{root}/{site}/+/summary",
+        f"{root}/{site}/+/control",
+        f"{root}/{site}/+/+/control",
+        f"{root}/{site}/+/+/+/status",
+        f"{root}/{site}/+/+/+/state",
+        f"{root}/{site}/aggregator/+/status",
+    )
+    bus = MqttBus(
+        settings,
+        client_id=f"polca-status-{time.time_ns() % 10**9}",
+        subscriptions=[(f, 1) for f in filters],
+    )
+    snapshot = Snapshot()
+    async with asyncio.TaskGroup() as tg:
+        run = tg.create_task(bus.run())
+        try:
+            async with asyncio.timeout(settings.connect_timeout_s):
+                await bus.connected.wait()
+        except TimeoutError:
+            run.cancel()
+            raise
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                async with asyncio.timeout(left):
+                    message = await bus.get()
+            except TimeoutError:
+                break
+            snapshot.add(topics, message)
+        await bus.close()
+    return snapshot

@@ -1,0 +1,131 @@
+"""The row controller: ladder levels, leased control messages, audit, restart seeding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polca.aggregator.controller import ScopeController
+from polca.policy import load_policy
+from polca.policy.model import Policy
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET = 10_000.0
+
+
+@pytest.fixture
+def policy() -> Policy:
+    """The shipped A100 POLCA policy (T1 80%, T2 89%, brake 98%, dwell 40 s)."""
+    return load_policy(ROOT / "policies" / "polca-a100.yaml").policy
+
+
+def _step(ctl: ScopeController, policy: Policy, pct: float, now_s: float) -> int:
+    decision = ctl.step(
+        power_w=BUDGET * pct / 100,
+        budget_w=BUDGET,
+        policy=policy,
+        revision="abc123abc123",
+        now_s=now_s,
+        now_ns=int(now_s * 1e9),
+        lease_s=10,
+        observe=False,
+        trend_w_per_s=None,
+    )
+    return decision.level
+
+
+def test_levels_escalate_at_once_and_release_after_dwell(policy: Policy) -> None:
+    """80% -> T1 and 89% -> T2 immediately; release needs 40 s below threshold - 5 points."""
+    ctl = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=1)
+    assert _step(ctl, policy, 70, 0) == 0
+    assert _step(ctl, policy, 81, 1) == 1
+    assert _step(ctl, policy, 90, 2) == 2
+    assert _step(ctl, policy, 85, 3) == 2  # in the hysteresis band
+    assert _step(ctl, policy, 80, 4) == 2  # below 84: dwell starts
+    assert _step(ctl, policy, 80, 43) == 2
+    assert _step(ctl, policy, 80, 44.5) == 1  # one level at a time
+    assert _step(ctl, policy, 60, 45) == 1
+    assert _step(ctl, policy, 60, 86) == 0
+
+
+def test_control_message_carries_lease_seq_and_reason(policy: Policy) -> None:
+    """Each step renews the lease with a higher seq; a change carries an audit record."""
+    ctl = ScopeController(site="dc1", row="row1", rack="r7", issuer="agg", epoch_ns=5)
+    first = ctl.step(
+        power_w=9_000,
+        budget_w=BUDGET,
+        policy=policy,
+        revision="abc123abc123",
+        now_s=0,
+        now_ns=1_000_000_000,
+        lease_s=10,
+        observe=True,
+        trend_w_per_s=None,
+    )
+    second = ctl.step(
+        power_w=9_000,
+        budget_w=BUDGET,
+        policy=policy,
+        revision="abc123abc123",
+        now_s=1,
+        now_ns=2_000_000_000,
+        lease_s=10,
+        observe=True,
+        trend_w_per_s=None,
+    )
+    assert first.control.scope == "rack"
+    assert first.control.rack == "r7"
+    assert first.changed
+    assert not second.changed
+    assert second.control.seq == first.control.seq + 1
+    assert second.control.lease_expires_ns == 12_000_000_000
+    assert first.control.observe
+    assert first.control.level_name == "T2"
+    assert "90.0% >= T2" in first.control.reason
+    assert first.audit["previous_level"] == 0
+    assert first.audit["thresholds_w"][:2] == [8000.0, 8900.0]
+
+
+def test_trend_brakes_before_the_threshold(policy: Policy) -> None:
+    """Power still under T2 but rising fast enough to reach 100% soon goes to the brake."""
+    assert policy.trend is not None
+    ctl = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=1)
+    decision = ctl.step(
+        power_w=8_500,
+        budget_w=BUDGET,
+        policy=policy,
+        revision="abc123abc123",
+        now_s=0,
+        now_ns=0,
+        lease_s=10,
+        observe=False,
+        trend_w_per_s=400,
+    )
+    assert decision.level == len(policy.levels)
+    assert "trend" in decision.control.reason
+
+
+def test_seed_from_retained_control_prevents_a_spurious_uncap(policy: Policy) -> None:
+    """A restarted controller seeded at T2 stays at T2 until a full dwell has passed."""
+    old = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=1)
+    _step(old, policy, 95, 0)
+    retained = old.step(
+        power_w=9_500,
+        budget_w=BUDGET,
+        policy=policy,
+        revision="abc123abc123",
+        now_s=1,
+        now_ns=1,
+        lease_s=10,
+        observe=False,
+        trend_w_per_s=None,
+    ).control
+    new = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=2)
+    new.seed(retained)
+    assert new.ladder.level == retained.level
+    assert _step(new, policy, 70, 100) == retained.level  # low power, but the dwell restarts
+    assert new.seq > retained.seq
+    other_row = ScopeController(site="dc1", row="row2", rack=None, issuer="agg", epoch_ns=2)
+    other_row.seed(retained)
+    assert other_row.ladder.level == 0

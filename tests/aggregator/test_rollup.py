@@ -1,0 +1,114 @@
+"""Row rollups: fresh, stale, offline and unknown nodes; meters; the power trend."""
+
+from __future__ import annotations
+
+import pytest
+
+from polca.aggregator.config import NodeSpec, RackSpec, RowSpec
+from polca.aggregator.rollup import RowTracker
+from polca.telemetry.schema import GpuTelemetry, Meter, Status, Telemetry
+
+STALE_S = 5.0
+
+
+def _row(meter: bool = False) -> RowSpec:
+    return RowSpec(
+        name="row1",
+        budget_w=20_000,
+        meter_topic="polca/v1/dc1/row1/meter" if meter else None,
+        meter_max_age_s=2.0,
+        racks=(
+            RackSpec(
+                name="r1",
+                budget_w=9_000,
+                nodes=(
+                    NodeSpec(name="n1", non_gpu_w=500, non_gpu_factor=0.1),
+                    NodeSpec(name="n2", non_gpu_w=500),
+                ),
+            ),
+            RackSpec(name="r2", nodes=(NodeSpec(name="n3", nameplate_w=6_000),)),
+        ),
+    )
+
+
+def _telemetry(node: str, gpu_w: float, *, limit_w: float = 700.0, temp_c: float = 60) -> Telemetry:
+    gpus = tuple(
+        GpuTelemetry(
+            index=i,
+            uuid=f"GPU-{node}-{i}",
+            name="H100",
+            power_mean_w=gpu_w / 4,
+            enforced_power_limit_w=limit_w,
+            gpu_temp_c=temp_c + i,
+        )
+        for i in range(4)
+    )
+    return Telemetry(
+        ts_ns=1,
+        seq=1,
+        node=node,
+        interval_s=1,
+        node_gpu_power_w=gpu_w,
+        node_energy_delta_j=gpu_w,
+        gpus=gpus,
+    )
+
+
+def test_fresh_nodes_add_non_gpu_power_and_factor() -> None:
+    """Fresh power = GPU power x (1 + factor) + non-GPU base, summed per rack and row."""
+    tracker = RowTracker(_row())
+    tracker.ingest_telemetry("n1", _telemetry("n1", 2000), now_s=0)
+    tracker.ingest_telemetry("n2", _telemetry("n2", 1000), now_s=0)
+    tracker.ingest_telemetry("n3", _telemetry("n3", 1500), now_s=0)
+    roll = tracker.rollup(1.0, stale_after_s=STALE_S)
+    r1 = roll.racks[0]
+    assert r1.power_w == pytest.approx(2000 * 1.1 + 500 + 1000 + 500)
+    assert roll.power_w == pytest.approx(r1.power_w + 1500)
+    assert roll.power_source == "computed"
+    assert roll.fresh_nodes == ("n1", "n2", "n3")
+    assert roll.all_reported
+    assert r1.gpu_temp_max_c == 63
+    assert roll.energy_j == pytest.approx(4500)
+
+
+def test_stale_offline_and_unknown_nodes_count_at_nameplate() -> None:
+    """Silent or offline nodes count at their limits (or configured nameplate), never at 0."""
+    tracker = RowTracker(_row())
+    tracker.ingest_telemetry("n1", _telemetry("n1", 2000, limit_w=700), now_s=0)
+    tracker.ingest_telemetry("n2", _telemetry("n2", 1000, limit_w=500), now_s=0)
+    tracker.ingest_status("n2", Status(ts_ns=2, state="offline", node="n2"))
+    roll = tracker.rollup(STALE_S + 1, stale_after_s=STALE_S)
+    assert roll.stale_nodes == ("n1",)
+    assert roll.offline_nodes == ("n2", "n3")  # n3 never reported
+    assert not roll.all_reported
+    n1 = 4 * 700 * 1.1 + 500
+    n2 = 4 * 500 + 500
+    assert roll.racks[0].power_w == pytest.approx(n1 + n2)
+    assert roll.racks[1].power_w == pytest.approx(6000)  # configured nameplate
+    assert roll.racks[0].nodes_stale == 1
+    assert roll.racks[0].nodes_offline == 1
+
+
+def test_fresh_meter_wins_and_stale_meter_is_ignored() -> None:
+    """A meter reading replaces the computed row power only while it is fresh."""
+    tracker = RowTracker(_row(meter=True))
+    tracker.ingest_telemetry("n1", _telemetry("n1", 2000), now_s=0)
+    tracker.ingest_meter(Meter(ts_ns=1, power_w=15_000), now_s=0)
+    fresh = tracker.rollup(1.0, stale_after_s=STALE_S)
+    assert fresh.power_w == 15_000
+    assert fresh.power_source == "meter"
+    assert fresh.measured_power_w == 15_000
+    old = tracker.rollup(3.5, stale_after_s=STALE_S)
+    assert old.power_source == "computed"
+    assert old.power_w == pytest.approx(old.computed_power_w)
+
+
+def test_trend_is_the_least_squares_slope() -> None:
+    """A steady ramp of 100 W/s in the meter shows as a +100 W/s trend."""
+    tracker = RowTracker(_row(meter=True))
+    for step in range(12):
+        t = step * 0.5
+        tracker.ingest_meter(Meter(ts_ns=1, power_w=10_000 + 100 * t), now_s=t)
+        tracker.rollup(t, stale_after_s=STALE_S)
+    assert tracker.trend_w_per_s(5.5, 5.0) == pytest.approx(100.0)
+    assert RowTracker(_row()).trend_w_per_s(0, 5.0) is None

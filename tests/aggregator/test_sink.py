@@ -1,0 +1,501 @@
+"""The InfluxDB sink against real databases: batching, outages, the spool, bad data, close."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from polca.aggregator import points
+from polca.aggregator.points import Point
+from polca.aggregator.sink import (
+    BatchRejectedError,
+    InfluxSink,
+    InfluxUnavailableError,
+    MemorySink,
+    classify_status,
+    resolve_token,
+)
+from polca.errors import ConfigError, FatalError
+from polca.settings import InfluxSettings
+from polca.telemetry.schema import GpuTelemetry, Telemetry
+from tests.mqtt_broker import free_port
+from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
+
+BASE_NS = (time.time_ns() // 1_000_000_000 - 3600) * 1_000_000_000  # an hour ago, whole s
+
+
+def _settings(url: str, **overrides: Any) -> InfluxSettings:
+    """Fast settings for tests: short intervals and retries."""
+    values: dict[str, Any] = {
+        "url": url,
+        "api": "v2",
+        "batch_size": 100,
+        "flush_interval_s": 0.1,
+        "retry_min_s": 0.05,
+        "retry_max_s": 0.2,
+        "timeout_s": 2.0,
+    }
+    values.update(overrides)
+    return InfluxSettings(**values)
+
+
+def _row_points(start: int, count: int, *, row: str = "r1") -> list[Point]:
+    """``count`` row points, one millisecond apart, power_w equal to their index."""
+    return [
+        points.row_point(
+            ts_ns=BASE_NS + i * 1_000_000, site="s1", row=row, power_w=float(i), level=1
+        )
+        for i in range(start, start + count)
+    ]
+
+
+@asynccontextmanager
+async def _running(sink: InfluxSink, *, close_timeout_s: float = 5.0) -> AsyncIterator[None]:
+    """Run the sink for the block; close it (bounded) afterwards."""
+    task = asyncio.create_task(sink.run(), name="sink")
+    try:
+        yield
+    finally:
+        await sink.close(close_timeout_s)
+        await asyncio.wait_for(task, 2.0)
+
+
+async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll until the predicate holds, failing after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.02)
+
+
+def _dead_url() -> str:
+    """A loopback URL where nothing listens (connection refused)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def _vm_count(vm: VictoriaMetricsProcess, name: str = "row_power_w") -> int:
+    return vm.count(f'{{__name__="{name}"}}')
+
+
+async def test_v2_writes_gpu_and_row_points_to_victoria_metrics(
+    victoria_metrics: VictoriaMetricsProcess,
+) -> None:
+    """influxdb-client's v2 write path lands every value in VictoriaMetrics."""
+    gpus = tuple(
+        GpuTelemetry(
+            index=i,
+            uuid=f"GPU-{i}",
+            name="NVIDIA H100 80GB HBM3",
+            priority_class="low",
+            power_mean_w=300.0 + i,
+            gpu_temp_c=60.0 + i,
+            clock_event_reasons=4,
+        )
+        for i in range(8)
+    )
+    telemetry = Telemetry(
+        ts_ns=BASE_NS,
+        seq=1,
+        node="n01",
+        interval_s=1.0,
+        node_gpu_power_w=2428.0,
+        node_energy_delta_j=2428.0,
+        gpus=gpus,
+    )
+    sink = InfluxSink(_settings(victoria_metrics.url))
+    async with _running(sink):
+        sink.write(points.gpu_points(telemetry, site="s1", row="r1", rack="k1"))
+        sink.write(_row_points(0, 250))
+        await _until(lambda: sink.stats.points_written == 258)
+    power = victoria_metrics.export('{__name__="gpu_power_w"}')
+    by_index = {s["metric"]["gpu_index"]: s["values"] for s in power}
+    assert by_index == {str(i): [300.0 + i] for i in range(8)}
+    assert power[0]["metric"]["model"] == "NVIDIA H100 80GB HBM3"
+    assert power[0]["timestamps"] == [BASE_NS // 1_000_000]
+    reasons = victoria_metrics.export('{__name__="gpu_clock_event_reasons"}')
+    assert {v for s in reasons for v in s["values"]} == {4}
+    (row,) = victoria_metrics.export('{__name__="row_power_w"}')
+    assert row["values"] == [float(i) for i in range(250)]
+    assert sink.stats.points_dropped == 0
+
+
+async def test_v1_writes_to_influxdb(influxdb1: InfluxDB1Process) -> None:
+    """The v1 /write path lands every point in InfluxDB 1.x."""
+    sink = InfluxSink(_settings(influxdb1.url, api="v1", database=influxdb1.database))
+    async with _running(sink):
+        sink.write(_row_points(0, 1234))
+        await _until(lambda: sink.stats.points_written == 1234)
+    assert influxdb1.count("row", "power_w") == 1234
+    series = influxdb1.query('SELECT last("power_w") FROM "row"')
+    assert series[0]["values"][0][1] == 1233.0
+
+
+async def test_batch_goes_out_when_full(victoria_metrics: VictoriaMetricsProcess) -> None:
+    """A full batch is written at once, a partial one waits for the flush interval."""
+    sink = InfluxSink(_settings(victoria_metrics.url, batch_size=100, flush_interval_s=30.0))
+    async with _running(sink):
+        sink.write(_row_points(0, 150))
+        await _until(lambda: sink.stats.points_written == 100, timeout_s=5.0)
+        await asyncio.sleep(0.3)
+        assert sink.stats.points_written == 100
+        assert sink.stats.points_buffered == 50
+    assert sink.stats.points_written == 150  # close flushed the rest
+    assert _vm_count(victoria_metrics) == 150
+
+
+async def test_partial_batch_goes_out_after_flush_interval(
+    victoria_metrics: VictoriaMetricsProcess,
+) -> None:
+    """A few points are written flush_interval_s after they arrived, not before."""
+    sink = InfluxSink(_settings(victoria_metrics.url, batch_size=1000, flush_interval_s=0.5))
+    async with _running(sink):
+        started = time.monotonic()
+        sink.write(_row_points(0, 10))
+        await asyncio.sleep(0.25)
+        assert sink.stats.points_written == 0
+        await _until(lambda: sink.stats.points_written == 10, timeout_s=5.0)
+        assert time.monotonic() - started >= 0.45
+    assert _vm_count(victoria_metrics) == 10
+
+
+async def _write_steadily(
+    sink: InfluxSink, *, total: int, per_tick: int, tick_s: float, during: Callable[[int], Any]
+) -> None:
+    """Write ``total`` points, ``per_tick`` every ``tick_s``; call ``during(tick)`` each tick."""
+    written = 0
+    tick = 0
+    while written < total:
+        count = min(per_tick, total - written)
+        sink.write(_row_points(written, count))
+        written += count
+        await during(tick)
+        tick += 1
+        await asyncio.sleep(tick_s)
+
+
+def _outage_script(
+    database: InfluxDB1Process | VictoriaMetricsProcess, *, stop_at: int, start_at: int
+) -> Callable[[int], Any]:
+    async def during(tick: int) -> None:
+        if tick == stop_at:
+            await asyncio.to_thread(database.stop)
+        elif tick == start_at:
+            await asyncio.to_thread(database.start)
+
+    return during
+
+
+@pytest.mark.parametrize("spool", [True, False], ids=["spool", "memory"])
+async def test_outage_loses_nothing_victoria_metrics(
+    victoria_metrics: VictoriaMetricsProcess, tmp_path: Path, spool: bool
+) -> None:
+    """VictoriaMetrics stopped for 2 s under steady writes: every point arrives afterwards."""
+    settings = _settings(victoria_metrics.url, spool_dir=tmp_path / "spool" if spool else None)
+    total = 1500
+    with capture_logs() as logs:
+        sink = InfluxSink(settings)
+        async with _running(sink):
+            await _write_steadily(
+                sink,
+                total=total,
+                per_tick=50,
+                tick_s=0.1,
+                during=_outage_script(victoria_metrics, stop_at=5, start_at=25),
+            )
+            await _until(lambda: sink.stats.points_written == total)
+    stats = sink.stats
+    assert stats.points_dropped == 0
+    assert stats.write_errors > 0
+    assert (stats.points_spooled > 0) is spool
+    assert _vm_count(victoria_metrics) == total
+    events = [e["event"] for e in logs]
+    assert events.count("influx_unreachable") == 1
+    (recovered,) = [e for e in logs if e["event"] == "influx_recovered"]
+    assert recovered["outage_s"] > 1.0
+    assert recovered["points_replayed"] > 0
+
+
+async def test_outage_loses_nothing_influxdb1(influxdb1: InfluxDB1Process, tmp_path: Path) -> None:
+    """InfluxDB 1.x stopped for 2 s under steady writes: the count matches exactly."""
+    settings = _settings(
+        influxdb1.url, api="v1", database=influxdb1.database, spool_dir=tmp_path / "spool"
+    )
+    total = 1500
+    sink = InfluxSink(settings)
+    async with _running(sink):
+        await _write_steadily(
+            sink,
+            total=total,
+            per_tick=50,
+            tick_s=0.1,
+            during=_outage_script(influxdb1, stop_at=5, start_at=25),
+        )
+        await _until(lambda: sink.stats.points_written == total)
+    assert sink.stats.points_dropped == 0
+    assert sink.stats.points_spooled > 0
+    assert influxdb1.count("row", "power_w") == total
+
+
+async def test_spool_survives_a_sink_restart(
+    victoria_metrics: VictoriaMetricsProcess, tmp_path: Path
+) -> None:
+    """Points spooled at close while the database is down arrive from the next sink."""
+    settings = _settings(victoria_metrics.url, spool_dir=tmp_path / "spool")
+    await asyncio.to_thread(victoria_metrics.stop)
+    first = InfluxSink(settings)
+    async with _running(first, close_timeout_s=2.0):
+        first.write(_row_points(0, 250))
+        await _until(lambda: first.in_outage)
+        first.write(_row_points(250, 30))
+    assert first.stats.spool_points == 280
+    assert first.stats.points_written == 0
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir() if p.suffix == ".lp")
+
+    await asyncio.to_thread(victoria_metrics.start)
+    with capture_logs() as logs:
+        second = InfluxSink(settings)
+        async with _running(second):
+            await _until(lambda: second.stats.points_written == 280)
+    assert second.stats.spool_points == 0
+    assert not [p for p in (tmp_path / "spool").iterdir() if p.suffix == ".lp"]
+    assert _vm_count(victoria_metrics) == 280
+    assert any(e["event"] == "influx_spool_found" for e in logs)
+
+
+async def test_spool_start_skips_debris_and_unreadable_segments(
+    victoria_metrics: VictoriaMetricsProcess, tmp_path: Path
+) -> None:
+    """A crash's .tmp file is deleted, an unreadable segment counted, the rest replayed."""
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    body = b"\n".join(p.to_line().encode() for p in _row_points(0, 40)) + b"\n"
+    (spool_dir / "0000000000000001-40.lp").write_bytes(body)
+    (spool_dir / "0000000000000002-40.lp.tmp").write_bytes(body[:100])
+    (spool_dir / "0000000000000000-5.lp").mkdir()  # cannot be read as a file
+    with capture_logs() as logs:
+        sink = InfluxSink(_settings(victoria_metrics.url, spool_dir=spool_dir))
+        async with _running(sink):
+            await _until(lambda: sink.stats.points_written == 40)
+    assert sink.stats.dropped == {"spool_unreadable": 5}
+    assert not (spool_dir / "0000000000000002-40.lp.tmp").exists()
+    assert _vm_count(victoria_metrics) == 40
+    assert any(e["event"] == "influx_points_dropped" for e in logs)
+
+
+async def test_spool_bound_drops_oldest_and_keeps_newest(
+    victoria_metrics: VictoriaMetricsProcess, tmp_path: Path
+) -> None:
+    """Past spool_max_mb the oldest segments go (counted); the newest are delivered."""
+    batch = 100
+    line_bytes = len(_row_points(0, 1)[0].to_line()) + 1  # every line has the same length
+    segment_bytes = batch * line_bytes
+    settings = _settings(
+        _dead_url(),
+        batch_size=batch,
+        spool_dir=tmp_path / "spool",
+        spool_max_mb=3.5 * segment_bytes / 2**20,  # room for three segments
+    )
+    with capture_logs() as logs:
+        sink = InfluxSink(settings)
+        async with _running(sink, close_timeout_s=2.0):
+            for start in range(0, 1000, batch):  # ten segments, 1000..1099 style indices
+                sink.write(_row_points(1000 + start, batch))
+                await _until(lambda: sink.stats.points_buffered == 0)
+    stats = sink.stats
+    assert stats.spool_points == 300
+    assert stats.dropped == {"spool_full": 700}
+    assert stats.points_dropped == 700
+    assert any(e["event"] == "influx_points_dropped" and e["reason"] == "spool_full" for e in logs)
+
+    replay = InfluxSink(_settings(victoria_metrics.url, spool_dir=tmp_path / "spool"))
+    async with _running(replay):
+        await _until(lambda: replay.stats.points_written == 300)
+    (row,) = victoria_metrics.export('{__name__="row_power_w"}')
+    assert row["values"] == [float(i) for i in range(1700, 2000)]
+
+
+async def test_bad_data_is_dropped_not_retried(influxdb1: InfluxDB1Process) -> None:
+    """A 400 (field type conflict) drops that batch once, logged once; later data flows."""
+    settings = _settings(influxdb1.url, api="v1", database=influxdb1.database, batch_size=10)
+    as_float = Point("m", {"site": "s"}, {"value": 1.5}, BASE_NS)
+    with capture_logs() as logs:
+        sink = InfluxSink(settings)
+        async with _running(sink):
+            sink.write([as_float])
+            await _until(lambda: sink.stats.points_written == 1)
+            for count in (1, 2):  # the same field as an integer: InfluxDB refuses it
+                sink.write([Point("m", {"site": "s"}, {"value": 7}, BASE_NS + count * 10**6)])
+                await _until(lambda: sink.stats.points_rejected == count)  # noqa: B023
+            sink.write(_row_points(0, 5))
+            await _until(lambda: sink.stats.points_written == 6)
+            await asyncio.sleep(0.3)
+    stats = sink.stats
+    assert stats.points_rejected == 2
+    assert stats.dropped == {"rejected": 2}
+    assert stats.write_errors == 2
+    assert not sink.in_outage
+    assert influxdb1.count("m", "value") == 1
+    assert influxdb1.count("row", "power_w") == 5
+    rejected = [e for e in logs if e["event"] == "influx_batch_rejected"]
+    assert len(rejected) == 1
+    assert rejected[0]["status"] == 400
+
+
+async def test_v2_against_influxdb_1_6_is_an_outage_not_a_rejection(
+    influxdb1: InfluxDB1Process, tmp_path: Path
+) -> None:
+    """A 404 (v2 API on InfluxDB 1.6) keeps the points and says how to fix it."""
+    with capture_logs() as logs:
+        sink = InfluxSink(_settings(influxdb1.url, spool_dir=tmp_path / "spool"))
+        async with _running(sink, close_timeout_s=1.0):
+            sink.write(_row_points(0, 20))
+            await _until(lambda: sink.in_outage)
+    assert sink.stats.points_dropped == 0
+    assert sink.stats.spool_points == 20
+    (unreachable,) = [e for e in logs if e["event"] == "influx_unreachable"]
+    assert unreachable["status"] == 404
+    assert "api: v1" in unreachable["error"]
+
+
+async def test_close_is_bounded_when_database_refuses(tmp_path: Path) -> None:
+    """With nothing listening, close() returns in time and the points stay spooled."""
+    sink = InfluxSink(_settings(_dead_url(), retry_min_s=5.0, spool_dir=tmp_path / "spool"))
+    task = asyncio.create_task(sink.run())
+    sink.write(_row_points(0, 40))
+    await _until(lambda: sink.in_outage)
+    sink.write(_row_points(40, 40))
+    started = time.monotonic()
+    await sink.close(1.0)
+    assert time.monotonic() - started < 1.5
+    await asyncio.wait_for(task, 1.0)
+    assert sink.stats.spool_points == 80
+    assert sink.stats.points_dropped == 0
+
+
+async def test_close_is_bounded_when_database_hangs(tmp_path: Path) -> None:
+    """A database that accepts but never answers cannot hold close() past its timeout."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def swallow(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        settings = _settings(
+            f"http://127.0.0.1:{port}", timeout_s=30.0, spool_dir=tmp_path / "spool"
+        )
+        sink = InfluxSink(settings)
+        task = asyncio.create_task(sink.run())
+        sink.write(_row_points(0, 100))
+        await _until(lambda: bool(connections))
+        started = time.monotonic()
+        await sink.close(1.0)
+        assert time.monotonic() - started < 1.5
+        await asyncio.wait_for(task, 1.0)
+        assert sink.stats.spool_points == 100
+        assert sink.stats.points_dropped == 0
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_memory_bound_without_spool_drops_oldest() -> None:
+    """Without a spool, memory keeps max_buffer_points and counts what it drops."""
+    sink = InfluxSink(_settings(_dead_url(), max_buffer_points=150, batch_size=50))
+    sink.write(_row_points(0, 200))
+    assert sink.stats.points_buffered == 150
+    assert sink.stats.dropped == {"memory_full": 50}
+    await sink.close(0.5)
+    assert sink.stats.dropped == {"memory_full": 50, "closed": 150}
+    sink.write(_row_points(0, 3))
+    assert sink.stats.dropped["closed"] == 153
+
+
+async def test_spool_dir_is_locked(tmp_path: Path) -> None:
+    """Two sinks cannot share one spool directory."""
+    settings = _settings(_dead_url(), spool_dir=tmp_path / "spool")
+    first = InfluxSink(settings)
+    task = asyncio.create_task(first.run())
+    await _until((tmp_path / "spool" / ".lock").exists)
+    second = InfluxSink(settings)
+    with pytest.raises(FatalError, match="in use"):
+        await second.run()
+    await first.close(0.5)
+    await task
+
+
+async def test_cancelled_run_then_close_spools_memory(tmp_path: Path) -> None:
+    """When run() is cancelled first, close() still saves what memory holds."""
+    sink = InfluxSink(_settings(_dead_url(), flush_interval_s=60.0, spool_dir=tmp_path / "s"))
+    task = asyncio.create_task(sink.run())
+    sink.write(_row_points(0, 30))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await sink.close(1.0)
+    assert sink.stats.spool_points == 30
+
+
+def test_classify_status() -> None:
+    """5xx, 429, 404 and auth errors mean retry; other 4xx mean bad data."""
+    assert isinstance(classify_status(503, "busy"), InfluxUnavailableError)
+    throttled = classify_status(429, "slow down", retry_after="7")
+    assert isinstance(throttled, InfluxUnavailableError)
+    assert throttled.delay_s == 7.0
+    assert isinstance(classify_status(401, "unauthorized"), InfluxUnavailableError)
+    partial = classify_status(400, 'partial write: field type conflict: "x" dropped=3')
+    assert isinstance(partial, BatchRejectedError)
+    assert partial.dropped_points == 3
+    assert partial.kind == "400:partial write: field type conflict:"
+    other = classify_status(400, "unable to parse 'm x=1 2': bad timestamp")
+    assert isinstance(other, BatchRejectedError)
+    assert other.dropped_points is None
+
+
+def test_resolve_token_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token: the setting, else token_file, else the systemd credential; else none."""
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    assert resolve_token(_settings("http://x")) is None
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "influx_token").write_text("from-credential\n", encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
+    assert resolve_token(_settings("http://x")) == "from-credential"
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\nignored\n", encoding="utf-8")
+    assert resolve_token(_settings("http://x", token_file=token_file)) == "from-file"
+    direct = _settings("http://x", token="direct", token_file=token_file)  # noqa: S106 - test
+    assert resolve_token(direct) == "direct"
+    with pytest.raises(ConfigError, match="token_file"):
+        resolve_token(_settings("http://x", token_file=tmp_path / "missing"))
+
+
+def test_sink_needs_a_url() -> None:
+    """A sink without influx.url is a configuration error."""
+    with pytest.raises(ConfigError, match=r"influx\.url"):
+        InfluxSink(InfluxSettings())
+
+
+async def test_memory_sink_records_until_closed() -> None:
+    """MemorySink keeps points for inspection and counts writes after close."""
+    sink = MemorySink(max_points=3)
+    task = asyncio.create_task(sink.run())
+    sink.write(_row_points(0, 4))
+    assert [p.fields["power_w"] for p in sink.measurement("row")] == [1.0, 2.0, 3.0]
+    await sink.close(1.0)
+    await task
+    sink.write(_row_points(0, 2))
+    assert sink.stats.dropped == {"memory_full": 1, "closed": 2}
+    assert sink.stats.points_written == 4

@@ -1,0 +1,230 @@
+"""polca-aggregator.service: no privilege, a comment on every directive, systemd's own checks.
+
+Mirrors ``test_systemd_unit.py`` (the agent's unit) and reuses its parser and runners.
+``systemd-analyze`` must be installed (Debian package ``systemd``); these tests fail, not
+skip, without it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from polca.aggregator.config import AggregatorSettings
+from polca.aggregator.sink import resolve_token
+from polca.settings import load_settings_as
+from tests.test_systemd_unit import Unit, _parse_unit, _run, _systemd_analyze
+
+ROOT = Path(__file__).resolve().parent.parent
+UNIT = ROOT / "systemd" / "polca-aggregator.service"
+AGENT_UNIT = ROOT / "systemd" / "polca-agent.service"
+EXAMPLE_CONFIG = ROOT / "deploy" / "aggregator.example.yaml"
+
+# The aggregator needs no privilege, so its sandbox must score well below this (and below
+# the agent's, which needs CAP_SYS_ADMIN and the GPU device nodes).
+MAX_EXPOSURE = 2.0
+
+# Lines systemd-analyze may print about the host rather than the unit: units named in
+# After=/Wants= that do not exist here, and probes that fail in containers.
+_HOST_NOISE = (
+    re.compile(r"(network-online\.target|mosquitto\.service|influxdb\.service)"),
+    re.compile(r"Failed to read \$container|PR_SET_MM_|Cannot stat .*/transient"),
+)
+
+
+@pytest.fixture(scope="module")
+def unit() -> Unit:
+    """The parsed unit file."""
+    return _parse_unit(UNIT.read_text(encoding="utf-8"))
+
+
+def _verifiable_copy(tmp_path: Path, text: str) -> Path:
+    """The unit with ExecStart= pointing at an existing binary, as verify checks that."""
+    rewritten, count = re.subn(r"(?m)^ExecStart=\S+", "ExecStart=/bin/true", text)
+    assert count == 1
+    path = tmp_path / UNIT.name
+    path.write_text(rewritten, encoding="utf-8")
+    return path
+
+
+def _verify(tmp_path: Path, text: str) -> tuple[int, list[str]]:
+    """systemd-analyze verify's exit status and the lines it printed about the unit."""
+    analyze = _systemd_analyze()
+    path = _verifiable_copy(tmp_path, text)
+    result = _run([analyze, "verify", "--man=no", "--recursive-errors=no", path.name], tmp_path)
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    return result.returncode, [
+        line for line in lines if not any(p.search(line) for p in _HOST_NOISE)
+    ]
+
+
+def _exposure(path: Path) -> float:
+    """systemd-analyze security's overall exposure score of a unit file (offline)."""
+    analyze = _systemd_analyze()
+    help_text = _run([analyze, "security", "--help"], ROOT).stdout
+    if "--offline" not in help_text:
+        pytest.skip("this systemd-analyze has no offline security review (needs systemd >= 250)")
+    result = _run([analyze, "security", "--offline=true", str(path)], ROOT)
+    match = re.search(
+        rf"Overall exposure level for {re.escape(path.name)}: ([0-9.]+)", result.stdout
+    )
+    assert match is not None, result.stdout + result.stderr
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("Unit", "Wants", "network-online.target"),
+        ("Service", "Type", "notify"),
+        ("Service", "NotifyAccess", "main"),
+        (
+            "Service",
+            "ExecStart",
+            "/opt/polca/bin/polca aggregator --config /etc/polca/aggregator.yaml",
+        ),
+        ("Service", "ExecReload", "/bin/kill -HUP $MAINPID"),
+        ("Service", "WatchdogSec", "10s"),
+        ("Service", "Restart", "on-failure"),
+        ("Service", "RestartPreventExitStatus", "78"),
+        ("Service", "KillSignal", "SIGTERM"),
+        ("Service", "SyslogIdentifier", "polca-aggregator"),
+        ("Service", "DynamicUser", "yes"),
+        ("Service", "CapabilityBoundingSet", ""),
+        ("Service", "AmbientCapabilities", ""),
+        ("Service", "NoNewPrivileges", "yes"),
+        ("Service", "PrivateUsers", "yes"),
+        ("Service", "PrivateDevices", "yes"),
+        ("Service", "DevicePolicy", "closed"),
+        ("Service", "ProtectSystem", "strict"),
+        ("Service", "ProtectHome", "yes"),
+        ("Service", "PrivateTmp", "yes"),
+        ("Service", "ProtectKernelModules", "yes"),
+        ("Service", "ProtectKernelLogs", "yes"),
+        ("Service", "ProtectKernelTunables", "yes"),
+        ("Service", "ProtectControlGroups", "yes"),
+        ("Service", "ProtectHostname", "yes"),
+        ("Service", "ProtectClock", "yes"),
+        ("Service", "ProtectProc", "invisible"),
+        ("Service", "ProcSubset", "pid"),
+        ("Service", "RestrictNamespaces", "yes"),
+        ("Service", "RestrictRealtime", "yes"),
+        ("Service", "RestrictSUIDSGID", "yes"),
+        ("Service", "LockPersonality", "yes"),
+        ("Service", "MemoryDenyWriteExecute", "yes"),
+        ("Service", "RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
+        ("Service", "SystemCallArchitectures", "native"),
+        ("Service", "StateDirectory", "polca-aggregator"),
+        ("Service", "StateDirectoryMode", "0700"),
+        ("Service", "ConfigurationDirectory", "polca"),
+        ("Install", "WantedBy", "multi-user.target"),
+    ],
+)
+def test_key_directive(unit: Unit, section: str, key: str, value: str) -> None:
+    """Each key directive is set exactly once, to the documented value."""
+    assert unit[section].get(key) == [value]
+
+
+def test_system_call_filter(unit: Unit) -> None:
+    """The typical service set, minus privileged calls and resource tuning, EPERM on others."""
+    assert unit["Service"]["SystemCallFilter"] == ["@system-service", "~@privileged @resources"]
+    assert unit["Service"]["SystemCallErrorNumber"] == ["EPERM"]
+
+
+def test_credentials(unit: Unit) -> None:
+    """The MQTT password and the InfluxDB token come in as systemd credentials."""
+    assert unit["Service"]["LoadCredential"] == [
+        "mqtt_password:/etc/polca/aggregator-mqtt.pass",
+        "influx_token:/etc/polca/influx.token",
+    ]
+
+
+def test_has_no_privilege(unit: Unit) -> None:
+    """No fixed user, no capability, no device: unlike the agent, nothing to grant."""
+    service = unit["Service"]
+    for key in ("User", "Group", "DeviceAllow", "SupplementaryGroups"):
+        assert key not in service, key
+    assert [value for value in service["CapabilityBoundingSet"] if value] == []
+    assert [value for value in service["AmbientCapabilities"] if value] == []
+
+
+def test_every_directive_has_a_comment_above() -> None:
+    """Every KEY=value line directly follows a comment line (systemd has no trailing comments)."""
+    lines = UNIT.read_text(encoding="utf-8").splitlines()
+    uncommented = [
+        f"{number}: {line}"
+        for number, (previous, line) in enumerate(zip(["", *lines], lines, strict=False), 1)
+        if re.match(r"^[A-Za-z]+=", line) and not previous.lstrip().startswith("#")
+    ]
+    assert uncommented == []
+    assert sum(1 for line in lines if re.match(r"^[A-Za-z]+=", line)) >= 45
+
+
+def test_no_trailing_comments_on_directive_lines() -> None:
+    """systemd would take a trailing '# ...' as part of the value."""
+    lines = UNIT.read_text(encoding="utf-8").splitlines()
+    assert [line for line in lines if "=" in line and " #" in line.split("=", 1)[1]] == []
+
+
+def test_credential_names_are_what_the_aggregator_reads(
+    unit: Unit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LoadCredential= ids are the file names the aggregator reads its secrets from."""
+    ids = [value.split(":", 1)[0] for value in unit["Service"]["LoadCredential"]]
+    (tmp_path / ids[0]).write_text("s3cret\n", encoding="utf-8")
+    (tmp_path / ids[1]).write_text("t0ken\n", encoding="utf-8")
+    for name in [n for n in os.environ if n.startswith("POLCA_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    monkeypatch.setenv("POLCA_MQTT__USERNAME", "polca-aggregator")
+    settings = load_settings_as(AggregatorSettings)
+    assert settings.mqtt.password is not None
+    assert settings.mqtt.password.get_secret_value() == "s3cret"
+    assert resolve_token(settings.influx) == "t0ken"
+
+
+def test_state_directory_is_the_settings_default(
+    unit: Unit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StateDirectory= is where the aggregator keeps its state when systemd says nothing."""
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    for name in [n for n in os.environ if n.startswith("POLCA_")]:
+        monkeypatch.delenv(name)
+    settings = load_settings_as(AggregatorSettings)
+    assert settings.state_dir == Path("/var/lib") / unit["Service"]["StateDirectory"][0]
+
+
+def test_example_spool_is_in_the_state_directory(unit: Unit) -> None:
+    """The example configuration spools InfluxDB points under StateDirectory=, the one
+    writable place."""
+    config = yaml.safe_load(EXAMPLE_CONFIG.read_text(encoding="utf-8"))
+    spool = Path(config["influx"]["spool_dir"])
+    state = Path("/var/lib") / unit["Service"]["StateDirectory"][0]
+    assert spool.is_relative_to(state)
+
+
+def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
+    """systemd-analyze verify reports no problem with the unit (ExecStart= made to exist)."""
+    assert _verify(tmp_path, UNIT.read_text(encoding="utf-8")) == (0, [])
+
+
+def test_systemd_analyze_verify_catches_mistakes(tmp_path: Path) -> None:
+    """The verify check is real: a misspelt key and a bad value are reported."""
+    text = UNIT.read_text(encoding="utf-8")
+    text = text.replace("DynamicUser=yes", "DynamicUsr=yes")
+    text = text.replace("ProtectProc=invisible", "ProtectProc=hidden-ish")
+    _, problems = _verify(tmp_path, text)
+    assert "DynamicUsr" in "\n".join(problems)
+    assert "/proc/ protection mode" in "\n".join(problems)
+
+
+def test_security_exposure_is_below_the_agents() -> None:
+    """systemd-analyze security --offline scores the sandbox below MAX_EXPOSURE and the agent."""
+    exposure = _exposure(UNIT)
+    assert exposure < MAX_EXPOSURE, f"exposure {exposure} >= {MAX_EXPOSURE}"
+    agent = _exposure(AGENT_UNIT)
+    assert exposure < agent, f"aggregator {exposure} >= agent {agent}"
