@@ -21,9 +21,10 @@ def test_json_lines_with_stable_event_names_and_no_locals() -> None:
     logs.configure(fmt="auto", stream=out, journald=False)
     log = structlog.get_logger().bind(node="n1")
     log.info("cap_applied", gpu=3, new_mw=300_000)
-    secret = "hunter2"
+    secret = "hunter2"  # noqa: S105 - must never reach the log through locals
+    msg = "boom"
     try:
-        raise ValueError("boom")  # noqa: TRY301 - a traceback to render
+        raise ValueError(msg)  # noqa: TRY301 - a traceback to render
     except ValueError:
         log.exception("task_failed", task="sampler")
     lines = [json.loads(line) for line in out.getvalue().splitlines()]

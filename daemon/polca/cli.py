@@ -35,33 +35,54 @@ def _parser() -> argparse.ArgumentParser:
     aggregator.add_argument("--config", type=Path, default=None, help="YAML settings file")
     aggregator.add_argument("--broker", default=None, help="MQTT broker host[:port]")
     aggregator.add_argument("--policy", type=Path, default=None, help="policy file")
-    aggregator.add_argument("--observe", action="store_true", default=None,
-                            help="shadow mode: publish decisions marked observe")
+    aggregator.add_argument(
+        "--observe",
+        action="store_true",
+        default=None,
+        help="shadow mode: publish decisions marked observe",
+    )
     aggregator.add_argument("--duration", type=float, default=None)
-    aggregator.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                            default=None)
+    aggregator.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default=None
+    )
     aggregator.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
 
     status = sub.add_parser("status", help="rows, racks and nodes from retained MQTT state")
-    status.add_argument("--config", type=Path, default=None,
-                        help="aggregator or agent settings (for the broker and site)")
+    status.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="aggregator or agent settings (for the broker and site)",
+    )
     status.add_argument("--broker", default=None, help="MQTT broker host[:port]")
     status.add_argument("--site", default="+", help="site name (default: every site)")
-    status.add_argument("--wait", type=float, default=1.0,
-                        help="seconds to collect retained messages")
+    status.add_argument(
+        "--wait", type=float, default=1.0, help="seconds to collect retained messages"
+    )
 
     demo = sub.add_parser(
         "demo",
-        help="an agent on simulated GPUs, an embedded broker and a row controller, "
-        "printing what is published and applied",
+        help="a whole oversubscribed row on this machine: embedded broker, aggregator and "
+        "simulated nodes replaying a real LLM-inference trace, shown live",
     )
-    _agent_args(demo)
+    demo.add_argument("--racks", type=int, default=3)
+    demo.add_argument("--nodes-per-rack", type=int, default=4)
+    demo.add_argument("--model", default="H100-SXM", help="A100-SXM4, H100-SXM or H200-SXM")
     demo.add_argument(
         "--budget-w",
         type=float,
         default=None,
-        help="row power budget for the demo controller (default: 85%% of the "
-        "GPUs' total default limit, so the load reaches T1 and T2)",
+        help="row budget (default: 75%% of the row's nameplate)",
+    )
+    demo.add_argument("--speedup", type=float, default=2.0, help="trace time compression")
+    demo.add_argument("--scale", type=float, default=16.0, help="trace load multiplier")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--policy", type=Path, default=None)
+    demo.add_argument("--broker", default=None, help="use this MQTT broker host[:port]")
+    demo.add_argument("--influx", default=None, help="also write to InfluxDB at this URL (v2 API)")
+    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    demo.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default="warning"
     )
 
     policy = sub.add_parser("policy", help="policy files")
@@ -217,7 +238,7 @@ def _run_aggregator(args: argparse.Namespace) -> int:
     log = structlog.get_logger()
     try:
         asyncio.run(_aggregator_main(settings, duration_s=args.duration))
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - classified below
+    except (Exception, KeyboardInterrupt) as exc:
         return _exit_code(exc, log)
     return 0
 
@@ -284,9 +305,10 @@ def _gpu_probe(args: argparse.Namespace) -> int:
 def _run_service(args: argparse.Namespace) -> int:
     from polca.settings import load_settings  # noqa: PLC0415
 
-    demo = args.command == "demo"
+    if args.command == "demo":
+        return _run_demo(args)
     try:
-        settings = load_settings(args.config, **_overrides(args, demo=demo))
+        settings = load_settings(args.config, **_overrides(args, demo=False))
     except FatalError as exc:
         logs.configure()
         structlog.get_logger().error("config_invalid", error=str(exc))
@@ -294,16 +316,9 @@ def _run_service(args: argparse.Namespace) -> int:
     logs.configure(level=settings.logging.level, fmt=settings.logging.format)
     log = structlog.get_logger()
     try:
-        if demo:
-            from polca.demo import run_demo  # noqa: PLC0415
-
-            asyncio.run(run_demo(settings, duration_s=args.duration, budget_w=args.budget_w))
-        else:
-            asyncio.run(
-                _agent_main(
-                    settings, duration_s=args.duration, embedded_broker=args.embedded_broker
-                )
-            )
+        asyncio.run(
+            _agent_main(settings, duration_s=args.duration, embedded_broker=args.embedded_broker)
+        )
     except (Exception, KeyboardInterrupt) as exc:
         return _exit_code(exc, log)
     return 0
@@ -324,6 +339,36 @@ def _exit_code(exc: BaseException, log: Any) -> int:
         elif not isinstance(leaf, KeyboardInterrupt):
             log.critical("agent_crashed", error=str(leaf), kind=type(leaf).__name__, exc_info=leaf)
     return code
+
+
+def _broker_address(broker: str | None) -> tuple[str, int] | None:
+    over = _broker_override(broker)
+    return (over["host"], int(over.get("port", 1883))) if over else None
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from polca.demo import DEMO_POLICY, DemoOptions, run_demo  # noqa: PLC0415
+
+    logs.configure(level=args.log_level, fmt="auto", stream=sys.stderr)
+    options = DemoOptions(
+        racks=args.racks,
+        nodes_per_rack=args.nodes_per_rack,
+        model=args.model,
+        budget_w=args.budget_w,
+        speedup=args.speedup,
+        scale=args.scale,
+        seed=args.seed,
+        policy=args.policy or DEMO_POLICY,
+        duration_s=args.duration,
+        influx_url=args.influx,
+        broker=_broker_address(args.broker),
+    )
+    log = structlog.get_logger()
+    try:
+        asyncio.run(run_demo(options))
+    except (Exception, KeyboardInterrupt) as exc:
+        return _exit_code(exc, log)
+    return 0
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -1,13 +1,15 @@
-"""``polca demo``: the whole control loop on one machine, with nothing to install.
+"""``polca demo``: a whole oversubscribed row on one machine, with nothing to install.
 
-One process runs an embedded MQTT broker (or uses ``--broker``), a node agent on simulated
-GPUs, and a minimal row controller: it treats the node as a one-node row with a budget
-below what the simulated inference load draws, runs the POLCA ladder from the shared
-policy engine on the node's telemetry and publishes leased control messages. Everything
-the agent publishes and applies is printed as it happens; a summary ends the run.
+One process runs an embedded MQTT broker (or uses ``--broker``), the aggregator, and a row
+of simulated nodes (racks of 8-GPU nodes) serving LLM-inference load replayed from the
+bundled Azure request trace. The row's budget is set below what the load can draw, so the
+POLCA controller really reaches T1 and T2. A live view shows row power against the budget
+and thresholds, the level, per-rack power and the hottest GPUs; ``--influx URL`` also writes
+everything to InfluxDB; ``--duration`` bounds the run, which ends with a summary: time at
+each level, brake events, capping events and peak row power as % of budget.
 
-The real row controller is the aggregator; this one exists so a new user can watch
-T1 and T2 caps being decided, applied and released within a minute.
+Everything here is the production code: agents, aggregator, policy engine, MQTT; only the
+GPUs are simulated.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import contextlib
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -26,210 +28,342 @@ import structlog
 
 from polca import aiokit
 from polca.agent.runtime import Agent
-from polca.aiokit import guard
+from polca.aggregator.config import (
+    AggregatorSettings,
+    ControlSettings,
+    NodeSpec,
+    RackSpec,
+    RowSpec,
+)
+from polca.aggregator.runtime import Aggregator, make_sink
+from polca.gpu.models import get_model
 from polca.gpu.simulated import SimulatedBackend
-from polca.policy import LadderState, PolicyStore, next_level
-from polca.settings import Settings
-from polca.telemetry.bus import InMessage, MqttBus, OutMessage
-from polca.telemetry.schema import Control, Event, SchemaError, State, Telemetry, decode, encode
-from polca.telemetry.topics import Topics
+from polca.gpu.trace import Trace, TraceReplay, trace_loads
+from polca.policy import PolicyStore
+from polca.settings import (
+    AgentSettings,
+    GpuSettings,
+    InfluxSettings,
+    LoggingSettings,
+    MqttSettings,
+    Settings,
+    TopicSettings,
+)
+from polca.telemetry.bus import InMessage, MqttBus
+from polca.telemetry.schema import (
+    Control,
+    Event,
+    RowSummary,
+    SchemaError,
+    Telemetry,
+    decode,
+)
 
 DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "simulated-demo.yaml"
-LEASE_S = 5.0
+SITE = "demo"
+ROW = "row1"
+NON_GPU_W = 1500.0  # CPUs, memory, NICs and fans of an 8-GPU server
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """The shape of the demo row and its load."""
+
+    racks: int = 3
+    nodes_per_rack: int = 4
+    gpus_per_node: int = 8
+    model: str = "H100-SXM"
+    budget_w: float | None = None  # default: budget_fraction of the row's nameplate
+    budget_fraction: float = 0.75
+    speedup: float = 2.0
+    scale: float = 16.0
+    offset_s: float = 180.0  # skip the trace's quiet first minutes
+    seed: int = 0
+    policy: Path = DEMO_POLICY
+    duration_s: float | None = None
+    influx_url: str | None = None
+    broker: tuple[str, int] | None = None
+    sample_interval_s: float = 0.25
+
+    @property
+    def nodes(self) -> list[tuple[str, str]]:
+        """(rack, node) for every node of the row."""
+        return [
+            (f"rack{r + 1}", f"node{r + 1}{n + 1:02d}")
+            for r in range(self.racks)
+            for n in range(self.nodes_per_rack)
+        ]
+
+    def nameplate_w(self) -> float:
+        """The row's nameplate: every GPU at its default limit plus non-GPU power."""
+        gpu_w = get_model(self.model).tdp_mw / 1000.0
+        return len(self.nodes) * (self.gpus_per_node * gpu_w + NON_GPU_W)
 
 
 @dataclass(slots=True)
-class _Summary:
-    level_s: Counter[int] = field(default_factory=Counter)
+class DemoView:
+    """Consumes the row's messages; renders the live view and the closing summary."""
+
+    options: DemoOptions
+    budget_w: float
+    summary: RowSummary | None = None
+    level_s: Counter[str] = field(default_factory=Counter)
     peak_pct: float = 0.0
-    messages: Counter[str] = field(default_factory=Counter)
-    cap_events: int = 0
-
-
-class DemoController:
-    """A one-node row controller and console printer for the demo."""
-
-    def __init__(self, settings: Settings, *, budget_w: float, out: TextIO) -> None:
-        self.settings = settings
-        self.budget_w = budget_w
-        self.out = out
-        self.topics = Topics(settings.topics.root)
-        self.ladder = LadderState()
-        self.seq = 0
-        self.epoch_ns = time.time_ns()
-        self.summary = _Summary()
-        self.policy_store = PolicyStore(settings.agent.policy_file)
-        self.policy_store.reload()
-        t = settings.topics
-        self.bus = MqttBus(
-            settings.mqtt,
-            client_id=f"polca-demo-controller-{t.node}",
-            subscriptions=[(f"{t.root}/{t.site}/#", 1)],
-        )
-
-    async def run(self) -> None:
-        """Consume every message of the site; control the row on each telemetry message."""
-        while True:
-            message = await self.bus.get()
-            self.handle(message)
+    brake_events: int = 0
+    cap_changes: int = 0
+    level_changes: deque[str] = field(default_factory=lambda: deque(maxlen=6))
+    hottest: dict[str, tuple[float, int, int | None, str | None]] = field(default_factory=dict)
+    started_s: float = field(default_factory=time.monotonic)
+    last_level: int = 0
 
     def handle(self, message: InMessage) -> None:
-        """Print one message and, for telemetry, decide and publish the row's level."""
-        channel = message.topic.rsplit("/", 1)[-1]
+        """Take one message of the demo site."""
         try:
             payload = decode(message.payload)
-        except SchemaError as exc:
-            self._print(f"!! {message.topic}: rejected ({exc})")
+        except SchemaError:
             return
-        self.summary.messages[channel] += 1
-        if isinstance(payload, Telemetry):
-            self._on_telemetry(payload)
-        elif isinstance(payload, Control):
-            name = payload.level_name or str(payload.level)
-            self._print(
-                f"-> control  level {payload.level} ({name})  seq {payload.seq}  "
-                f"lease {LEASE_S:.0f}s  {payload.reason}"
+        if isinstance(payload, RowSummary):
+            self._on_summary(payload)
+        elif isinstance(payload, Telemetry):
+            hot = max(
+                (g for g in payload.gpus if g.gpu_temp_c is not None),
+                key=lambda g: g.gpu_temp_c or 0.0,
+                default=None,
             )
-        elif isinstance(payload, State):
-            caps = ", ".join(
-                f"gpu{g.index}[{g.priority_class}] "
-                + (f"<= {g.sm_clock_max_mhz} MHz" if g.sm_clock_max_mhz else "uncapped")
-                for g in payload.gpus
-            )
-            mode = "FAIL-SAFE" if payload.fail_safe else f"level {payload.level}"
-            self._print(f"<- state    {mode}: {caps}")
+            if hot is not None and hot.gpu_temp_c is not None:
+                self.hottest[payload.node] = (
+                    hot.gpu_temp_c,
+                    hot.index,
+                    hot.sm_clock_mhz,
+                    hot.priority_class,
+                )
         elif isinstance(payload, Event):
             if payload.event in ("cap_changed", "cap_reasserted"):
-                self.summary.cap_events += len(payload.detail.get("gpus", ()))
-            else:
-                self._print(f"<- event    {payload.event} gpu={payload.gpu} {payload.detail}")
-
-    def _on_telemetry(self, msg: Telemetry) -> None:
-        policy = self.policy_store.current
-        if policy is None:
+                self.cap_changes += len(payload.detail.get("gpus", ()))
+            elif payload.event == "level_changed":
+                stamp = time.monotonic() - self.started_s
+                self.level_changes.append(
+                    f"{stamp:6.0f} s  {payload.detail.get('level_name', '?'):<8} "
+                    f"{payload.detail.get('reason', '')}"
+                )
+        elif isinstance(payload, Control):
             return
-        levels = policy.policy.levels
-        power_w = msg.node_gpu_power_w
-        pct = 100.0 * power_w / self.budget_w
-        self.summary.peak_pct = max(self.summary.peak_pct, pct)
-        self.summary.level_s[msg.level] += 1
-        hot = max(
-            (g for g in msg.gpus if g.gpu_temp_c is not None),
-            key=lambda g: g.gpu_temp_c or 0.0,
-            default=None,
-        )
-        clocks = " ".join(f"{g.sm_clock_mhz or 0:>4}" for g in msg.gpus)
-        marks = " ".join(f"{lvl.name}={lvl.threshold_pct:.0f}%" for lvl in levels)
-        self._print(
-            f"<- telemetry {msg.node}: {power_w:7.0f} W = {pct:5.1f}% of {self.budget_w:.0f} W "
-            f"({marks})  level {msg.level}  SM MHz [{clocks}]"
-            + (f"  hottest gpu{hot.index} {hot.gpu_temp_c:.0f} C" if hot else "")
-        )
-        now_s = time.monotonic()
-        new = next_level(
-            power_w=power_w,
-            budget_w=self.budget_w,
-            policy=policy.policy,
-            state=self.ladder,
-            now_s=now_s,
-        )
-        self.ladder = new
-        self.seq += 1
-        now_ns = time.time_ns()
-        name = levels[new.level - 1].name if new.level else "nominal"
-        t = self.settings.topics
-        control = Control(
-            ts_ns=now_ns,
-            scope="row",
-            row=t.row,
-            issuer="demo",
-            epoch_ns=self.epoch_ns,
-            seq=self.seq,
-            level=new.level,
-            level_name=name,
-            issued_ns=now_ns,
-            lease_expires_ns=now_ns + int(LEASE_S * 1e9),
-            policy_revision=policy.revision,
-            reason=f"row power {pct:.1f}% of budget",
-        )
-        self.bus.publish_nowait(
-            OutMessage(self.topics.row_control(t.site, t.row), encode(control), qos=1, retain=True)
-        )
 
-    def _print(self, line: str) -> None:
-        self.out.write(line + "\n")
-        self.out.flush()
+    def _on_summary(self, summary: RowSummary) -> None:
+        self.summary = summary
+        pct = 100.0 * summary.power_w / summary.effective_budget_w
+        self.peak_pct = max(self.peak_pct, pct)
+        self.level_s[summary.level_name or str(summary.level)] += 1
+        top = len(summary.thresholds_w)
+        if summary.level == top and self.last_level != top:
+            self.brake_events += 1
+        self.last_level = summary.level
 
-    def print_summary(self) -> None:
-        """Time at each level, capping events and the peak, as a closing table."""
-        total = sum(self.summary.level_s.values()) or 1
-        self._print("\n== polca demo summary ==")
-        for level, count in sorted(self.summary.level_s.items()):
-            self._print(f"level {level}: {count:4d} s ({100.0 * count / total:5.1f}%)")
-        self._print(
-            f"peak node power: {self.summary.peak_pct:.1f}% of the {self.budget_w:.0f} W budget"
+    def render(self) -> str:
+        """The live view as text."""
+        o = self.options
+        head = (
+            f"polca demo  row {ROW}: {o.racks} racks x {o.nodes_per_rack} nodes x "
+            f"{o.gpus_per_node} {o.model}, budget {self.budget_w / 1000:.1f} kW, "
+            f"trace x{o.speedup:g} speed x{o.scale:g} load, "
+            f"{time.monotonic() - self.started_s:.0f} s"
         )
-        self._print(f"cap changes applied: {self.summary.cap_events}")
-        self._print(f"messages seen: {dict(self.summary.messages)}")
+        s = self.summary
+        if s is None:
+            return head + "\n  waiting for the aggregator's first row summary...\n"
+        pct = 100.0 * s.power_w / s.effective_budget_w
+        width = 50
+        bar = ["#" if i < min(width, int(pct / 110 * width)) else "." for i in range(width)]
+        for threshold in s.thresholds_w:
+            pos = int(100 * threshold / s.effective_budget_w / 110 * width)
+            if 0 <= pos < width:
+                bar[pos] = "|"
+        trend = f"{s.trend_w_per_s:+.0f} W/s" if s.trend_w_per_s is not None else "-"
+        lines = [
+            head,
+            f"  row   {s.power_w / 1000:6.1f} kW  {pct:5.1f}% [{''.join(bar)}]  "
+            f"level {s.level_name:<8} trend {trend}",
+            "        thresholds: "
+            + ", ".join(
+                f"{100 * t / s.effective_budget_w:.0f}% = {t / 1000:.1f} kW" for t in s.thresholds_w
+            ),
+        ]
+        for rack in s.racks:
+            share = rack.power_w / max(s.power_w, 1.0)
+            lines.append(
+                f"  {rack.rack:<6}{rack.power_w / 1000:6.1f} kW  {'=' * int(share * 40):<40}"
+                f"  {rack.nodes_online} up, {rack.nodes_stale} stale, {rack.nodes_offline} off"
+            )
+        hot = sorted(self.hottest.items(), key=lambda kv: -kv[1][0])[:3]
+        if hot:
+            lines.append(
+                "  hottest: "
+                + "; ".join(
+                    f"{node}/gpu{index} {temp:.0f} C {clock or 0} MHz ({cls})"
+                    for node, (temp, index, clock, cls) in hot
+                )
+            )
+        if self.level_changes:
+            lines.append("  level changes:")
+            lines.extend(f"   {entry}" for entry in self.level_changes)
+        return "\n".join(lines) + "\n"
+
+    def closing_summary(self) -> str:
+        """Time at each level, brake and capping events, peak power."""
+        total = sum(self.level_s.values()) or 1
+        lines = ["", "== polca demo summary =="]
+        for name, count in sorted(self.level_s.items(), key=lambda kv: -kv[1]):
+            lines.append(f"time at {name:<8}: {count:5d} s ({100.0 * count / total:5.1f}%)")
+        lines.append(f"brake events       : {self.brake_events}")
+        lines.append(f"GPU cap changes    : {self.cap_changes}")
+        lines.append(
+            f"peak row power     : {self.peak_pct:.1f}% of the {self.budget_w / 1000:.1f} kW budget"
+        )
+        return "\n".join(lines) + "\n"
 
 
-async def run_demo(
-    settings: Settings,
-    *,
-    duration_s: float | None,
-    budget_w: float | None,
-    out: TextIO = sys.stdout,
-) -> None:
-    """Run broker, agent and demo controller until ``duration_s`` passes or a signal."""
-    agent_overrides: dict[str, object] = {
-        "startup_grace_s": min(settings.agent.startup_grace_s, 10.0)
-    }
-    if "policy_file" not in settings.agent.model_fields_set:
-        agent_overrides["policy_file"] = DEMO_POLICY
+async def _view(bus: MqttBus, view: DemoView, out: TextIO, *, tty: bool) -> None:
+    async def consume() -> None:
+        while True:
+            view.handle(await bus.get())
+
+    async def draw() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            text = view.render()
+            out.write(("\x1b[H\x1b[2J" + text) if tty else text)
+            out.flush()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(consume())
+        tg.create_task(draw())
+
+
+async def run_demo(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoView:
+    """Run broker, aggregator, agents and the live view until the duration or a signal."""
+    log = structlog.get_logger()
+    stop = asyncio.Event()
+    reload = asyncio.Event()
+    aiokit.install_signal_handlers(stop, reload)
+    if options.duration_s is not None:
+        asyncio.get_running_loop().call_later(options.duration_s, stop.set)
+    nodes = options.nodes
+    budget_w = options.budget_w or options.budget_fraction * options.nameplate_w()
     async with contextlib.AsyncExitStack() as stack:
-        state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polca-demo-")))
-        if "state_dir" not in settings.agent.model_fields_set:
-            agent_overrides["state_dir"] = state_dir
-        settings = settings.model_copy(
-            update={"agent": settings.agent.model_copy(update=agent_overrides)}
-        )
-        if (
-            settings.mqtt.host in ("127.0.0.1", "localhost")
-            and "port" not in settings.mqtt.model_fields_set
-        ):
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polca-demo-")))
+        if options.broker is None:
             from polca.telemetry.broker import EmbeddedBroker  # noqa: PLC0415
 
             broker = await stack.enter_async_context(EmbeddedBroker(host="127.0.0.1", port=0))
-            settings = settings.model_copy(
-                update={"mqtt": settings.mqtt.model_copy(update={"port": broker.port})}
+            host, port = "127.0.0.1", broker.port
+            out.write(f"embedded MQTT broker on {host}:{port}\n")
+        else:
+            host, port = options.broker
+        mqtt = MqttSettings(host=host, port=port, reconnect_min_s=0.2)
+        quiet = LoggingSettings(level="warning")
+        replay = TraceReplay(
+            Trace.load(),
+            gpus=len(nodes) * options.gpus_per_node,
+            speedup=options.speedup,
+            scale=options.scale,
+            offset_s=options.offset_s,
+            seed=options.seed,
+            serving=options.model,
+        )
+        agents = []
+        for number, (rack, node) in enumerate(nodes):
+            backend = SimulatedBackend(
+                count=options.gpus_per_node,
+                model=options.model,
+                load="idle",
+                seed=options.seed * 1000 + number,
             )
-            out.write(f"embedded MQTT broker on 127.0.0.1:{broker.port}\n")
-        backend = SimulatedBackend(
-            count=settings.gpu.simulated_count,
-            model=settings.gpu.simulated_model,
-            load=settings.gpu.simulated_load,
-            seed=settings.gpu.simulated_seed,
+            for index, profile in enumerate(
+                trace_loads(options.gpus_per_node, node_offset=number, replay=replay)
+            ):
+                backend.set_load(index, profile)
+            settings = Settings(
+                mqtt=mqtt,
+                logging=quiet,
+                topics=TopicSettings(site=SITE, row=ROW, rack=rack, node=node),
+                gpu=GpuSettings(
+                    backend="simulated",
+                    simulated_count=options.gpus_per_node,
+                    simulated_model=options.model,
+                ),
+                agent=AgentSettings(
+                    policy_file=options.policy,
+                    state_dir=work / node,
+                    sample_interval_s=options.sample_interval_s,
+                    startup_grace_s=30.0,
+                ),
+            )
+            agents.append(
+                Agent(settings, backend=backend, policy_store=PolicyStore(options.policy))
+            )
+        aggregator_settings = AggregatorSettings(
+            mqtt=mqtt,
+            logging=quiet,
+            site=SITE,
+            instance="demo-aggregator",
+            policy_file=options.policy,
+            state_dir=work / "aggregator",
+            rows=(
+                RowSpec(
+                    name=ROW,
+                    budget_w=budget_w,
+                    racks=tuple(
+                        RackSpec(
+                            name=f"rack{r + 1}",
+                            nodes=tuple(
+                                NodeSpec(name=node, non_gpu_w=NON_GPU_W)
+                                for rack, node in nodes
+                                if rack == f"rack{r + 1}"
+                            ),
+                        )
+                        for r in range(options.racks)
+                    ),
+                ),
+            ),
+            control=ControlSettings(interval_s=1.0, lease_s=10.0, warmup_s=5.0),
+            influx=InfluxSettings(url=options.influx_url, api="v2"),
         )
-        agent = Agent(
-            settings, backend=backend, policy_store=PolicyStore(settings.agent.policy_file)
+        aggregator = Aggregator(
+            aggregator_settings,
+            sink=make_sink(aggregator_settings.influx, state_dir=work / "aggregator"),
         )
-        if budget_w is None:
-            infos = backend.discover()
-            budget_w = 0.85 * sum((i.power_limit_default_mw or 0) for i in infos) / 1000.0
-        controller = DemoController(settings, budget_w=budget_w, out=out)
-        aiokit.install_signal_handlers(agent.stop_requested, agent.reload_requested)
-        if duration_s is not None:
-            asyncio.get_running_loop().call_later(duration_s, agent.stop_requested.set)
-        structlog.get_logger().info(
-            "demo_started", budget_w=budget_w, policy=str(settings.agent.policy_file)
+        view = DemoView(options, budget_w)
+        view_bus = MqttBus(
+            mqtt,
+            client_id="polca-demo-view",
+            subscriptions=[
+                (f"polca/v1/{SITE}/{ROW}/summary", 0),
+                (f"polca/v1/{SITE}/{ROW}/+/+/telemetry", 0),
+                (f"polca/v1/{SITE}/{ROW}/+/+/events", 0),
+                (f"polca/v1/{SITE}/aggregator/+/events", 0),
+            ],
+        )
+        log.info(
+            "demo_started",
+            nodes=len(nodes),
+            budget_w=round(budget_w),
+            nameplate_w=round(options.nameplate_w()),
         )
         async with asyncio.TaskGroup() as tg:
-            bus_task = tg.create_task(controller.bus.run())
-            ctl_task = tg.create_task(guard("demo_controller", controller.run()))
-            try:
-                await agent.run()
-            finally:
-                await asyncio.sleep(0.3)  # let the final messages arrive
-                ctl_task.cancel()
-                bus_task.cancel()
-        controller.print_summary()
+            tg.create_task(view_bus.run())
+            view_task = tg.create_task(_view(view_bus, view, out, tty=out.isatty()))
+            agg_task = tg.create_task(aggregator.run())
+            agent_tasks = [tg.create_task(a.run()) for a in agents]
+            await stop.wait()
+            # Stop the controller first so agents don't fail-safe while stopping.
+            aggregator.stop_requested.set()
+            await agg_task
+            for agent in agents:
+                agent.stop_requested.set()
+            await asyncio.gather(*agent_tasks)
+            view_task.cancel()
+            await view_bus.close(timeout_s=1.0)
+        out.write(view.render())
+        out.write(view.closing_summary())
+        out.flush()
+    return view

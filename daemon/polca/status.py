@@ -52,7 +52,7 @@ class Snapshot:
             self.summaries[(parts[0], payload.row)] = payload
         elif isinstance(payload, Control):
             self.controls[(parts[0], payload.row, payload.rack)] = payload
-        elif isinstance(payload, Status) and len(parts) == 4 and parts[1] == "aggregator":  # noqa: PLR2004
+        elif isinstance(payload, Status) and len(parts) == 4 and parts[1] == "aggregator":
             self.aggregators[(parts[0], parts[2])] = payload
 
 
@@ -66,12 +66,18 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
         out.write("no polca state on this broker (no retained summaries, control or status)\n")
         return
     for (site, instance), status in sorted(snapshot.aggregators.items()):
-        out.write(f"aggregator {site}/{instance}: {status.state}, policy "
-                  f"{status.policy_name} {status.policy_revision}\n")
-    rows = sorted({(s, r) for s, r in snapshot.summaries} | {(s, r) for s, r, _ in snapshot.controls})
+        out.write(
+            f"aggregator {site}/{instance}: {status.state}, policy "
+            f"{status.policy_name} {status.policy_revision}\n"
+        )
+    rows = sorted(
+        {(s, r) for s, r in snapshot.summaries} | {(s, r) for s, r, _ in snapshot.controls}
+    )
     if rows:
-        out.write(f"\n{'ROW':<16}{'POWER':>11}{'BUDGET':>11}{'%':>7}  {'LEVEL':<10}{'LEASE':>8}  "
-                  f"{'SOURCE':<9}{'OFFLINE/STALE'}\n")
+        out.write(
+            f"\n{'ROW':<16}{'POWER':>11}{'BUDGET':>11}{'%':>7}  {'LEVEL':<10}{'LEASE':>8}  "
+            f"{'SOURCE':<9}{'OFFLINE/STALE'}\n"
+        )
     for site, row in rows:
         summary = snapshot.summaries.get((site, row))
         control = snapshot.controls.get((site, row, None))
@@ -113,23 +119,26 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
         level = "-"
         if state is not None:
             level = str(state.level)
-            mode = "fail-safe" if state.fail_safe else ("observe" if state.observe_only else "enforce")
+            mode = (
+                "fail-safe" if state.fail_safe else ("observe" if state.observe_only else "enforce")
+            )
             capped = [g for g in state.gpus if g.sm_clock_max_mhz or g.power_limit_w]
             caps = ", ".join(
-                f"gpu{g.index}<={g.sm_clock_max_mhz}MHz" if g.sm_clock_max_mhz
+                f"gpu{g.index}<={g.sm_clock_max_mhz}MHz"
+                if g.sm_clock_max_mhz
                 else f"gpu{g.index}<={g.power_limit_w:.0f}W"
                 for g in capped[:4]
-            ) + (f" +{len(capped) - 4}" if len(capped) > 4 else "")  # noqa: PLR2004
+            ) + (f" +{len(capped) - 4}" if len(capped) > 4 else "")
             caps = caps or "uncapped"
         name = f"{site}/{row}/{rack_name}/{node}"
-        out.write(f"{name:<32}{status.state:<9}{level:>6}  {mode:<10}{status.gpu_count:>5}  {caps}\n")
+        out.write(
+            f"{name:<32}{status.state:<9}{level:>6}  {mode:<10}{status.gpu_count:>5}  {caps}\n"
+        )
     if snapshot.rejected:
         out.write(f"\n({snapshot.rejected} retained message(s) could not be read)\n")
 
 
-async def collect(
-    settings: MqttSettings, *, root: str, site: str, wait_s: float
-) -> Snapshot:
+async def collect(settings: MqttSettings, *, root: str, site: str, wait_s: float) -> Snapshot:
     """Subscribe, gather retained messages for ``wait_s`` seconds, disconnect."""
     topics = Topics(root)
     filters: Sequence[str] = (

@@ -19,6 +19,7 @@ from polca.aggregator.sink import (
     InfluxSink,
     InfluxUnavailableError,
     MemorySink,
+    Sink,
     classify_status,
     resolve_token,
 )
@@ -412,7 +413,7 @@ async def test_close_is_bounded_when_database_hangs(tmp_path: Path) -> None:
 
 async def test_memory_bound_without_spool_drops_oldest() -> None:
     """Without a spool, memory keeps max_buffer_points and counts what it drops."""
-    sink = InfluxSink(_settings(_dead_url(), max_buffer_points=150, batch_size=50))
+    sink: Sink = InfluxSink(_settings(_dead_url(), max_buffer_points=150, batch_size=50))
     sink.write(_row_points(0, 200))
     assert sink.stats.points_buffered == 150
     assert sink.stats.dropped == {"memory_full": 50}
@@ -420,6 +421,15 @@ async def test_memory_bound_without_spool_drops_oldest() -> None:
     assert sink.stats.dropped == {"memory_full": 50, "closed": 150}
     sink.write(_row_points(0, 3))
     assert sink.stats.dropped["closed"] == 153
+
+
+def test_write_never_raises_on_a_bad_value() -> None:
+    """A value line protocol cannot carry is dropped and counted, the rest is kept."""
+    sink = InfluxSink(_settings(_dead_url()))
+    bad = Point("m", {}, {"value": object()}, 1)  # type: ignore[dict-item]
+    sink.write([bad, *_row_points(0, 2)])
+    assert sink.stats.points_buffered == 2
+    assert sink.stats.dropped == {"invalid": 1}
 
 
 async def test_spool_dir_is_locked(tmp_path: Path) -> None:
@@ -491,7 +501,8 @@ def test_sink_needs_a_url() -> None:
 async def test_memory_sink_records_until_closed() -> None:
     """MemorySink keeps points for inspection and counts writes after close."""
     sink = MemorySink(max_points=3)
-    task = asyncio.create_task(sink.run())
+    as_protocol: Sink = sink  # mypy checks that MemorySink is a Sink
+    task = asyncio.create_task(as_protocol.run())
     sink.write(_row_points(0, 4))
     assert [p.fields["power_w"] for p in sink.measurement("row")] == [1.0, 2.0, 3.0]
     await sink.close(1.0)

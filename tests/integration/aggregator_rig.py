@@ -46,19 +46,31 @@ class AggregatorProcess:
             "instance": "agg1",
             "policy_file": str(self.policy_path),
             "state_dir": str(workdir / "state"),
-            "mqtt": {"host": broker.host, "port": broker.port, "reconnect_min_s": 0.05,
-                     "reconnect_max_s": 0.5, "keepalive_s": 5},
-            "control": {"interval_s": interval_s, "lease_s": lease_s, "stale_after_s": 1.5,
-                        "warmup_s": 1.0, "trend_window_s": 2.0},
-            "rows": [{
-                "name": ROW,
-                "budget_w": budget_w,
-                **({"meter_topic": self.meter_topic, "meter_max_age_s": 2.0} if meter else {}),
-                "racks": [
-                    {"name": rack, "nodes": [{"name": n, "non_gpu_w": 500.0} for n in nodes]}
-                    for rack, nodes in racks.items()
-                ],
-            }],
+            "mqtt": {
+                "host": broker.host,
+                "port": broker.port,
+                "reconnect_min_s": 0.05,
+                "reconnect_max_s": 0.5,
+                "keepalive_s": 5,
+            },
+            "control": {
+                "interval_s": interval_s,
+                "lease_s": lease_s,
+                "stale_after_s": 1.5,
+                "warmup_s": 1.0,
+                "trend_window_s": 2.0,
+            },
+            "rows": [
+                {
+                    "name": ROW,
+                    "budget_w": budget_w,
+                    **({"meter_topic": self.meter_topic, "meter_max_age_s": 2.0} if meter else {}),
+                    "racks": [
+                        {"name": rack, "nodes": [{"name": n, "non_gpu_w": 500.0} for n in nodes]}
+                        for rack, nodes in racks.items()
+                    ],
+                }
+            ],
             "logging": {"level": "debug", "format": "json"},
         }
         for key, value in (extra or {}).items():
@@ -75,7 +87,9 @@ class AggregatorProcess:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "polca", "aggregator", "--config", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
         )
         log.close()
 
@@ -104,7 +118,10 @@ class AggregatorProcess:
         return out
 
     async def wait_log(
-        self, event: str, *, timeout_s: float = 15.0,
+        self,
+        event: str,
+        *,
+        timeout_s: float = 15.0,
         where: Callable[[dict[str, Any]], bool] | None = None,
     ) -> dict[str, Any]:
         """The first log line with this event (and matching ``where``)."""

@@ -180,6 +180,7 @@ class MqttProbe:
         self.raw: list[tuple[str, bytes, bool]] = []
         self.epoch_ns = time.time_ns()
         self.seq = 0
+        self.meter_pct = 0.0  # the row meter reading a test feeds, as % of the budget
 
     def of(self, channel: str) -> list[Message]:
         """Decoded messages received on one node channel, oldest first."""

@@ -6,8 +6,9 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,16 +64,25 @@ class Cluster:
                 fake.set(None)  # node keys unchanged; makes the state file exist
                 self.nodes[name] = fake
                 self.agents[name] = AgentProcess(
-                    tmp_path / f"agent-{name}", fake=fake, broker=broker, policy=self.policy,
-                    startup_grace_s=60, node=name, rack=rack,
+                    tmp_path / f"agent-{name}",
+                    fake=fake,
+                    broker=broker,
+                    policy=self.policy,
+                    startup_grace_s=60,
+                    node=name,
+                    rack=rack,
                 )
         self.aggregator = self.new_aggregator()
 
     def new_aggregator(self, **kwargs: object) -> AggregatorProcess:
         """An aggregator over both racks (not started)."""
         return AggregatorProcess(
-            self.tmp_path / "aggregator", broker=self.broker, policy=self.policy, racks=RACKS,
-            budget_w=BUDGET_W, **kwargs,  # type: ignore[arg-type]
+            self.tmp_path / "aggregator",
+            broker=self.broker,
+            policy=self.policy,
+            racks=RACKS,
+            budget_w=BUDGET_W,
+            **kwargs,  # type: ignore[arg-type]
         )
 
     def locked_max(self, node: str, gpu: int) -> int:
@@ -93,9 +103,7 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(
-    tmp_path: Path, mosquitto: MosquittoProcess, fake_nvml_lib: Path
-) -> Iterator[Cluster]:
+def cluster(tmp_path: Path, mosquitto: MosquittoProcess, fake_nvml_lib: Path) -> Iterator[Cluster]:
     """Agents and aggregator, killed after the test."""
     made = Cluster(tmp_path, mosquitto, fake_nvml_lib)
     yield made
@@ -114,11 +122,11 @@ async def running(cluster: Cluster, mosquitto: MosquittoProcess) -> AsyncIterato
         for agent in cluster.agents.values():
             agent.start()
         cluster.aggregator.start()
-        probe.meter_pct = 70.0  # type: ignore[attr-defined]
+        probe.meter_pct = 70.0
 
         async def feed() -> None:
             while True:
-                await _meter(probe, cluster.aggregator.meter_topic, probe.meter_pct)  # type: ignore[attr-defined]
+                await _meter(probe, cluster.aggregator.meter_topic, probe.meter_pct)
                 await asyncio.sleep(0.2)
 
         task = asyncio.create_task(feed())
@@ -131,14 +139,19 @@ async def running(cluster: Cluster, mosquitto: MosquittoProcess) -> AsyncIterato
                 await task
 
 
+def _reason_is(reason: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda entry: entry.get("reason") == reason
+
+
 def _row_level(probe: MqttProbe) -> int | None:
     controls = [m for m in probe.of("control") if isinstance(m, Control) and m.scope == "row"]
     return controls[-1].level if controls else None
 
 
 async def _until_level(probe: MqttProbe, level: int, timeout_s: float = 10) -> None:
-    await wait_until(lambda: _row_level(probe) == level, timeout_s=timeout_s,
-                     what=f"row level {level}")
+    await wait_until(
+        lambda: _row_level(probe) == level, timeout_s=timeout_s, what=f"row level {level}"
+    )
 
 
 async def test_rising_load_walks_t1_t2_and_back_with_hysteresis(
@@ -149,35 +162,45 @@ async def test_rising_load_walks_t1_t2_and_back_with_hysteresis(
     await _until_level(probe, 0)
     assert all(v == 0 for locks in cluster.all_locks().values() for v in locks)
 
-    probe.meter_pct = 85.0  # type: ignore[attr-defined]
+    probe.meter_pct = 85.0
     await _until_level(probe, 1)
-    await wait_until(lambda: all(0 < cluster.locked_max(n, g) <= 1275
-                                 for n in cluster.nodes for g in LOW), what="T1 low caps")
+    await wait_until(
+        lambda: all(0 < cluster.locked_max(n, g) <= 1275 for n in cluster.nodes for g in LOW),
+        what="T1 low caps",
+    )
     assert all(cluster.locked_max(n, g) == 0 for n in cluster.nodes for g in HIGH)
 
-    probe.meter_pct = 92.0  # type: ignore[attr-defined]
+    probe.meter_pct = 92.0
     await _until_level(probe, 2)
-    await wait_until(lambda: all(0 < cluster.locked_max(n, g) <= 1110
-                                 for n in cluster.nodes for g in LOW), what="T2 low caps")
-    await wait_until(lambda: all(1110 < cluster.locked_max(n, g) <= 1305
-                                 for n in cluster.nodes for g in HIGH), what="T2 high caps")
+    await wait_until(
+        lambda: all(0 < cluster.locked_max(n, g) <= 1110 for n in cluster.nodes for g in LOW),
+        what="T2 low caps",
+    )
+    await wait_until(
+        lambda: all(1110 < cluster.locked_max(n, g) <= 1305 for n in cluster.nodes for g in HIGH),
+        what="T2 high caps",
+    )
 
     # 86% is inside the hysteresis band of T2 (89 - 5 = 84): T2 holds beyond the dwell.
-    probe.meter_pct = 86.0  # type: ignore[attr-defined]
+    probe.meter_pct = 86.0
     await asyncio.sleep(2.5)
     assert _row_level(probe) == 2
 
     # Below 84% for the dwell: one level at a time, T2 -> T1 -> nominal.
-    probe.meter_pct = 70.0  # type: ignore[attr-defined]
+    probe.meter_pct = 70.0
     await _until_level(probe, 1)
     await _until_level(probe, 0)
     levels = [m.level for m in probe.of("control") if isinstance(m, Control) and m.scope == "row"]
-    drop = levels[levels.index(2):]
+    drop = levels[levels.index(2) :]
     assert drop == sorted(drop, reverse=True)
     assert 1 in drop  # never 2 -> 0 directly
-    await wait_until(lambda: all(v == 0 for locks in cluster.all_locks().values() for v in locks),
-                     what="all locks released")
-    audit = await cluster.aggregator.wait_log("level_changed", where=lambda e: e.get("new_level") == 2)
+    await wait_until(
+        lambda: all(v == 0 for locks in cluster.all_locks().values() for v in locks),
+        what="all locks released",
+    )
+    audit = await cluster.aggregator.wait_log(
+        "level_changed", where=lambda e: e.get("new_level") == 2
+    )
     assert audit["power_pct"] >= 89
     assert audit["previous_level"] == 1
 
@@ -187,16 +210,18 @@ async def test_aggregator_killed_agents_fail_safe_then_restart_resumes_without_u
 ) -> None:
     """Lease expiry brings fail-safe caps; a restarted aggregator picks up at the same level."""
     probe = running
-    probe.meter_pct = 92.0  # type: ignore[attr-defined]
+    probe.meter_pct = 92.0
     await _until_level(probe, 2)
-    await wait_until(lambda: all(0 < cluster.locked_max(n, g) <= 1110
-                                 for n in cluster.nodes for g in LOW), what="T2 low caps")
+    await wait_until(
+        lambda: all(0 < cluster.locked_max(n, g) <= 1110 for n in cluster.nodes for g in LOW),
+        what="T2 low caps",
+    )
     cluster.aggregator.kill()
     for agent in cluster.agents.values():
         await agent.wait_log("fail_safe_entered", timeout_s=15)
 
     restarted_at = len(probe.of("control"))
-    probe.meter_pct = 86.0  # type: ignore[attr-defined] - in T2's hysteresis band
+    probe.meter_pct = 86.0
     cluster.aggregator.start()
     await cluster.aggregator.wait_log("control_seeded", where=lambda e: e.get("seeded_level") == 2)
     await wait_until(lambda: len(probe.of("control")) > restarted_at + 5, what="new control")
@@ -222,14 +247,19 @@ async def test_stale_and_offline_nodes_count_conservatively(
             rows = [m for m in probe.of("summary") if isinstance(m, RowSummary)]
             return rows[-1] if rows else None
 
-        await wait_until(lambda: (s := summary()) is not None and not s.offline_nodes,
-                         what="both nodes reporting")
+        await wait_until(
+            lambda: (s := summary()) is not None and not s.offline_nodes,
+            what="both nodes reporting",
+        )
         first = summary()
         assert first is not None
         fresh_w = first.power_w
         cluster.agents["node2"].kill()  # no clean stop: the Last Will says offline
-        await wait_until(lambda: (s := summary()) is not None and "node2" in s.offline_nodes,
-                         timeout_s=15, what="node2 offline")
+        await wait_until(
+            lambda: (s := summary()) is not None and "node2" in s.offline_nodes,
+            timeout_s=15,
+            what="node2 offline",
+        )
         now = summary()
         assert now is not None
         # node2: 8 x 400 W enforced limits + 500 W non-GPU = 3700 W, at least its fresh share.
@@ -241,9 +271,7 @@ async def test_stale_and_offline_nodes_count_conservatively(
         assert statuses[-1].state == "offline"
 
 
-async def test_bad_payloads_are_counted_and_ignored(
-    cluster: Cluster, running: MqttProbe
-) -> None:
+async def test_bad_payloads_are_counted_and_ignored(cluster: Cluster, running: MqttProbe) -> None:
     """Malformed, oversized, wrong-version and out-of-topology messages are dropped and counted."""
     probe = running
     base = f"polca/v1/{SITE}/{ROW}"
@@ -254,7 +282,7 @@ async def test_bad_payloads_are_counted_and_ignored(
     await probe.publish_raw(f"{base}/rack2/node1/status", b"{}")  # node1 is not in rack2
     await probe.publish_raw(f"{base}/control", json.dumps({"kind": "control"}).encode())
     for reason in ("malformed", "schema_version", "oversized", "topology"):
-        await cluster.aggregator.wait_log("message_dropped", where=lambda e, r=reason: e["reason"] == r)
+        await cluster.aggregator.wait_log("message_dropped", where=_reason_is(reason))
     # Still controlling: the row keeps publishing fresh control at level 0.
     count = len(probe.of("control"))
     await wait_until(lambda: len(probe.of("control")) > count + 3, what="control continues")
@@ -289,18 +317,23 @@ async def test_policy_edit_reaches_agents_and_invalid_edit_never_does(
         assert not any(e.get("event") == "policy_rejected" for e in agent.logs())
     assert agent_revisions() == {start["revision"]}
 
-    path.write_text(good.replace("low: {sm_clock_max_mhz: 1275}", "low: {sm_clock_max_mhz: 1200}"),
-                    encoding="utf-8")
+    path.write_text(
+        good.replace("low: {sm_clock_max_mhz: 1275}", "low: {sm_clock_max_mhz: 1200}"),
+        encoding="utf-8",
+    )
     reloaded = await cluster.aggregator.wait_log("policy_reloaded")
     new_revision = reloaded["revision"]
     assert new_revision != start["revision"]
-    await wait_until(lambda: agent_revisions() == {new_revision}, timeout_s=10,
-                     what="agents on the new revision")
+    await wait_until(
+        lambda: agent_revisions() == {new_revision}, timeout_s=10, what="agents on the new revision"
+    )
     for agent in cluster.agents.values():
         assert (agent.state_dir / "policy.remote.yaml").read_text(encoding="utf-8").count("1200")
-    probe.meter_pct = 85.0  # type: ignore[attr-defined]
-    await wait_until(lambda: all(0 < cluster.locked_max(n, g) <= 1200
-                                 for n in cluster.nodes for g in LOW), what="new T1 cap applied")
+    probe.meter_pct = 85.0
+    await wait_until(
+        lambda: all(0 < cluster.locked_max(n, g) <= 1200 for n in cluster.nodes for g in LOW),
+        what="new T1 cap applied",
+    )
     assert cluster.aggregator.stop() == 0
     for agent in cluster.agents.values():
         agent.signal(signal.SIGTERM)

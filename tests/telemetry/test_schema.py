@@ -77,8 +77,15 @@ def test_json_schemas_cover_every_kind() -> None:
     """docs/mqtt.md can embed a schema for each payload kind."""
     schemas = json_schemas()
     assert set(schemas) == {
-        "Telemetry", "Status", "State", "Event", "Control", "Assignment", "Meter",
-        "PolicyBundle", "RowSummary",
+        "Telemetry",
+        "Status",
+        "State",
+        "Event",
+        "Control",
+        "Assignment",
+        "Meter",
+        "PolicyBundle",
+        "RowSummary",
     }
     assert "gpus" in schemas["Telemetry"]["properties"]
     assert Telemetry.model_fields["node_gpu_power_w"].description

@@ -32,7 +32,6 @@ from polca import __version__
 from polca.agent.actuator import Actuator, ApplyResult
 from polca.agent.baseline import Baseline, BaselineStore
 from polca.agent.control import ControlTracker
-from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.agent.window import TelemetryWindow
 from polca.aiokit import guard
 from polca.errors import FatalError, GpuError, GpuLostError, PolicyError
@@ -48,6 +47,7 @@ from polca.policy import (
     PolicyStore,
     decide,
 )
+from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.settings import Settings
 from polca.telemetry.bus import InMessage, MqttBus, OutMessage
 from polca.telemetry.schema import (
@@ -194,8 +194,11 @@ class Agent:
             )
             self.remote_policy = remote.ok
             if not remote.ok:
-                self.log.error("policy_copy_invalid", path=str(self.remote_policy_path),
-                               problems=list(remote.errors))
+                self.log.error(
+                    "policy_copy_invalid",
+                    path=str(self.remote_policy_path),
+                    problems=list(remote.errors),
+                )
         if self.policy_store.current is None:
             result = self.policy_store.reload()
             if self.policy_store.current is None:
@@ -765,10 +768,19 @@ class Agent:
             return
         result = self.policy_store.replace(bundle.text, source=f"mqtt:{topic}")
         if result.errors:
-            self.log.error("policy_rejected", trigger="mqtt", problems=list(result.errors),
-                           revision=bundle.revision, revision_in_force=self.policy.revision)
-            self._event("policy_rejected", problems=list(result.errors)[:20],
-                        revision=bundle.revision, revision_in_force=self.policy.revision)
+            self.log.error(
+                "policy_rejected",
+                trigger="mqtt",
+                problems=list(result.errors),
+                revision=bundle.revision,
+                revision_in_force=self.policy.revision,
+            )
+            self._event(
+                "policy_rejected",
+                problems=list(result.errors)[:20],
+                revision=bundle.revision,
+                revision_in_force=self.policy.revision,
+            )
             return
         if not self.remote_policy:
             self.log.info("policy_remote_adopted", revision=bundle.revision, topic=topic)
@@ -779,11 +791,16 @@ class Agent:
             tmp.write_text(bundle.text, encoding="utf-8")
             tmp.replace(self.remote_policy_path)
         except OSError as exc:
-            self.log.warning("policy_copy_not_saved", path=str(self.remote_policy_path),
-                             error=str(exc))
+            self.log.warning(
+                "policy_copy_not_saved", path=str(self.remote_policy_path), error=str(exc)
+            )
         if result.changed:
-            self.log.info("policy_reloaded", trigger="mqtt", revision=self.policy.revision,
-                          policy=self.policy.policy.name)
+            self.log.info(
+                "policy_reloaded",
+                trigger="mqtt",
+                revision=self.policy.revision,
+                policy=self.policy.policy.name,
+            )
             self._event("policy_applied", revision=self.policy.revision, source="mqtt")
             if self.bus is not None:
                 self.bus.publish_nowait(self._status_message("online"))
@@ -827,9 +844,12 @@ class Agent:
     def reload_policy(self, *, trigger: str) -> bool:
         """Reload the policy file; keep the last good policy when the new one is invalid."""
         if self.remote_policy:
-            self.log.warning("policy_file_ignored", trigger=trigger,
-                             reason="the aggregator's policy is in force",
-                             revision=self.policy.revision)
+            self.log.warning(
+                "policy_file_ignored",
+                trigger=trigger,
+                reason="the aggregator's policy is in force",
+                revision=self.policy.revision,
+            )
             return False
         self.notifier.reloading()
         result = self.policy_store.reload()

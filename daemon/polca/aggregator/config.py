@@ -110,7 +110,9 @@ class AggregatorSettings(ProcessSettings):
         Path("/etc/polca/policy.yaml"), description="The policy (source of the node policy)."
     )
     state_dir: Path = Field(
-        default_factory=lambda: Path(os.environ.get("STATE_DIRECTORY", "/var/lib/polca-aggregator")),
+        default_factory=lambda: Path(
+            os.environ.get("STATE_DIRECTORY", "/var/lib/polca-aggregator")
+        ),
         description="Where the InfluxDB spool lives by default ($STATE_DIRECTORY).",
     )
     rows: tuple[RowSpec, ...] = Field((), description="The rows this aggregator owns.")

@@ -145,7 +145,7 @@ class ScopeController:
         )
 
 
-def _reason(
+def _reason(  # noqa: PLR0917 - a private helper with one call site
     policy: Policy,
     previous: int,
     level: int,

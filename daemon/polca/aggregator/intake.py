@@ -102,8 +102,13 @@ class Intake:
                 assert isinstance(status, Status)  # noqa: S101
                 tracker.ingest_status(addr.node, status)
                 if status.state == "offline":
-                    _log.warning("node_offline", row=addr.row, rack=addr.rack, node=addr.node,
-                                 reason=status.reason)
+                    _log.warning(
+                        "node_offline",
+                        row=addr.row,
+                        rack=addr.rack,
+                        node=addr.node,
+                        reason=status.reason,
+                    )
             elif channel == "events":
                 event = decode(message.payload, Event)
                 assert isinstance(event, Event)  # noqa: S101
@@ -146,5 +151,10 @@ class Intake:
         self.dropped[reason] += 1
         if (topic, reason) not in self._logged:
             self._logged.add((topic, reason))
-            _log.warning("message_dropped", topic=topic, reason=reason, detail=detail,
-                         dropped=self.dropped[reason])
+            _log.warning(
+                "message_dropped",
+                topic=topic,
+                reason=reason,
+                detail=detail,
+                dropped=self.dropped[reason],
+            )

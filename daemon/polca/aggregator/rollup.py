@@ -208,7 +208,7 @@ class RowTracker:
     def trend_w_per_s(self, now_s: float, window_s: float) -> float | None:
         """Least-squares slope of row power over the last ``window_s``; None if too few."""
         points = [(t, p) for t, p in self.history if now_s - t <= window_s]
-        if len(points) < 3:  # noqa: PLR2004 - a slope needs a few points to mean anything
+        if len(points) < 3:
             return None
         mean_t = sum(t for t, _ in points) / len(points)
         mean_p = sum(p for _, p in points) / len(points)

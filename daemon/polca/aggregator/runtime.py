@@ -25,7 +25,6 @@ from typing import Any
 import structlog
 
 from polca import __version__
-from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.aggregator import points
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.controller import ScopeController, ScopeDecision
@@ -35,6 +34,7 @@ from polca.aggregator.sink import InfluxSink, Sink, resolve_token
 from polca.aiokit import guard
 from polca.errors import PolicyError
 from polca.policy import LoadedPolicy, PolicyStore
+from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.settings import InfluxSettings
 from polca.telemetry.bus import MqttBus, OutMessage
 from polca.telemetry.schema import (
@@ -111,7 +111,10 @@ class Aggregator:
 
     def _controller(self, row: str, rack: str | None) -> ScopeController:
         return ScopeController(
-            site=self.settings.site, row=row, rack=rack, issuer=self.settings.instance,
+            site=self.settings.site,
+            row=row,
+            rack=rack,
+            issuer=self.settings.instance,
             epoch_ns=self.epoch_ns,
         )
 
@@ -144,9 +147,13 @@ class Aggregator:
         )
         self.started_s = asyncio.get_running_loop().time()
         self.notifier.ready(self._status_line())
-        self.log.info("aggregator_started", rows=[r.name for r in self.settings.rows],
-                      policy=self.policy.policy.name, revision=self.policy.revision,
-                      observe=self.settings.control.observe)
+        self.log.info(
+            "aggregator_started",
+            rows=[r.name for r in self.settings.rows],
+            policy=self.policy.policy.name,
+            revision=self.policy.revision,
+            observe=self.settings.control.observe,
+        )
         async with asyncio.TaskGroup() as outer:
             bus_task = outer.create_task(self.bus.run(), name="mqtt")
             sink_task = (
@@ -218,19 +225,28 @@ class Aggregator:
             return []
         loaded = self.policy
         bundle = PolicyBundle(
-            ts_ns=self.clock_ns(), name=loaded.policy.name, revision=loaded.revision,
-            text=loaded.text, source=loaded.source,
+            ts_ns=self.clock_ns(),
+            name=loaded.policy.name,
+            revision=loaded.revision,
+            text=loaded.text,
+            source=loaded.source,
         )
         payload = encode(bundle)
         self._published_revision = loaded.revision
         return [
-            OutMessage(self.topics.policy(self.settings.site, row.name), payload, qos=1, retain=True)
+            OutMessage(
+                self.topics.policy(self.settings.site, row.name), payload, qos=1, retain=True
+            )
             for row in self.settings.rows
         ]
 
     def _aggregator_event(self, name: str, **detail: Any) -> None:
         event = Event(
-            ts_ns=self.clock_ns(), seq=0, node=self.settings.instance, event=name, detail=detail,
+            ts_ns=self.clock_ns(),
+            seq=0,
+            node=self.settings.instance,
+            event=name,
+            detail=detail,
         )
         if self.bus is not None:
             topic = self.topics.aggregator(self.settings.site, self.settings.instance, "events")
@@ -238,10 +254,12 @@ class Aggregator:
 
     def _status_line(self) -> str:
         levels = ", ".join(
-            f"{row}={d.level_name}" for (row, rack), d in self.last_decisions.items()
+            f"{row}={d.level_name}"
+            for (row, rack), d in self.last_decisions.items()
             if rack is None
         )
-        return f"{len(self.settings.rows)} rows ({levels or 'warming up'}), policy {self.policy.revision}"
+        rows = len(self.settings.rows)
+        return f"{rows} rows ({levels or 'warming up'}), policy {self.policy.revision}"
 
     # ------------------------------------------------------------------ intake
 
@@ -264,7 +282,9 @@ class Aggregator:
 
     def _on_event(self, row: str, rack: str, node: str, event: Event) -> None:
         if self.sink is not None:
-            self.sink.write([points.event_point(event, site=self.settings.site, row=row, rack=rack)])
+            self.sink.write(
+                [points.event_point(event, site=self.settings.site, row=row, rack=rack)]
+            )
 
     def _on_retained_control(self, control: Control) -> None:
         if self.warm:
@@ -273,8 +293,13 @@ class Aggregator:
         controller = self.controllers.get(key)
         if controller is not None:
             controller.seed(control)
-            self.log.info("control_seeded", row=control.row, rack=control.rack,
-                          seeded_level=control.level, seq=control.seq)
+            self.log.info(
+                "control_seeded",
+                row=control.row,
+                rack=control.rack,
+                seeded_level=control.level,
+                seq=control.seq,
+            )
 
     # ------------------------------------------------------------------ control
 
@@ -303,26 +328,45 @@ class Aggregator:
             if elapsed < ctl.warmup_s and not all(r.all_reported for r in rollups.values()):
                 return
             self.warm = True
-            self.log.info("aggregator_warm", after_s=round(elapsed, 2),
-                          levels={f"{k[0]}/{k[1] or '-'}": c.ladder.level
-                                  for k, c in self.controllers.items()})
+            # Power ramped up while nodes were still reporting in: not a trend.
+            for tracker in self.trackers.values():
+                tracker.history.clear()
+            self.log.info(
+                "aggregator_warm",
+                after_s=round(elapsed, 2),
+                levels={
+                    f"{k[0]}/{k[1] or '-'}": c.ladder.level for k, c in self.controllers.items()
+                },
+            )
         out: list[points.Point] = []
         for row in self.settings.rows:
             rollup = rollups[row.name]
             tracker = self.trackers[row.name]
             trend = tracker.trend_w_per_s(now_s, ctl.trend_window_s)
             decision = self._decide(
-                (row.name, None), power_w=rollup.power_w, budget_w=row.budget_w,
-                now_s=now_s, now_ns=now_ns, trend=trend, loaded=loaded,
-                inputs={"power_source": rollup.power_source,
-                        "stale_nodes": list(rollup.stale_nodes),
-                        "offline_nodes": list(rollup.offline_nodes)},
+                (row.name, None),
+                power_w=rollup.power_w,
+                budget_w=row.budget_w,
+                now_s=now_s,
+                now_ns=now_ns,
+                trend=trend,
+                loaded=loaded,
+                inputs={
+                    "power_source": rollup.power_source,
+                    "stale_nodes": list(rollup.stale_nodes),
+                    "offline_nodes": list(rollup.offline_nodes),
+                },
             )
             for rack in rollup.racks:
                 if rack.budget_w is not None:
                     self._decide(
-                        (row.name, rack.rack), power_w=rack.power_w, budget_w=rack.budget_w,
-                        now_s=now_s, now_ns=now_ns, trend=None, loaded=loaded,
+                        (row.name, rack.rack),
+                        power_w=rack.power_w,
+                        budget_w=rack.budget_w,
+                        now_s=now_s,
+                        now_ns=now_ns,
+                        trend=None,
+                        loaded=loaded,
                     )
             self._publish_summary(rollup, decision, trend, now_ns)
             out.extend(self._row_points(rollup, decision, trend, now_ns))
@@ -345,9 +389,16 @@ class Aggregator:
         ctl = self.settings.control
         controller = self.controllers[key]
         decision = controller.step(
-            power_w=power_w, budget_w=budget_w, policy=loaded.policy, revision=loaded.revision,
-            now_s=now_s, now_ns=now_ns, lease_s=ctl.lease_s, observe=ctl.observe,
-            trend_w_per_s=trend, inputs=inputs,
+            power_w=power_w,
+            budget_w=budget_w,
+            policy=loaded.policy,
+            revision=loaded.revision,
+            now_s=now_s,
+            now_ns=now_ns,
+            lease_s=ctl.lease_s,
+            observe=ctl.observe,
+            trend_w_per_s=trend,
+            inputs=inputs,
         )
         self.last_decisions[key] = decision
         row, rack = key
@@ -363,16 +414,25 @@ class Aggregator:
             self._aggregator_event("level_changed", **decision.audit)
             self.notifier.status(self._status_line())
             if self.sink is not None:
-                self.sink.write([
-                    points.make_point(
-                        "event",
-                        ts_ns=now_ns,
-                        tags={"site": self.settings.site, "row": row, "rack": rack or "",
-                              "node": self.settings.instance, "kind": "level_changed"},
-                        fields={"text": f"{decision.level_name}: {decision.control.reason}",
-                                "detail": json.dumps(decision.audit, sort_keys=True)},
-                    ),
-                ])
+                self.sink.write(
+                    [
+                        points.make_point(
+                            "event",
+                            ts_ns=now_ns,
+                            tags={
+                                "site": self.settings.site,
+                                "row": row,
+                                "rack": rack or "",
+                                "node": self.settings.instance,
+                                "kind": "level_changed",
+                            },
+                            fields={
+                                "text": f"{decision.level_name}: {decision.control.reason}",
+                                "detail": json.dumps(decision.audit, sort_keys=True),
+                            },
+                        ),
+                    ]
+                )
         return decision
 
     def _publish_summary(
@@ -381,20 +441,32 @@ class Aggregator:
         if self.bus is None:
             return
         summary = RowSummary(
-            ts_ns=now_ns, row=rollup.row, issuer=self.settings.instance,
-            power_w=rollup.power_w, power_source=rollup.power_source,
-            budget_w=rollup.budget_w, effective_budget_w=rollup.budget_w,
-            level=decision.level, level_name=decision.level_name,
-            thresholds_w=decision.thresholds_w, trend_w_per_s=trend,
+            ts_ns=now_ns,
+            row=rollup.row,
+            issuer=self.settings.instance,
+            power_w=rollup.power_w,
+            power_source=rollup.power_source,
+            budget_w=rollup.budget_w,
+            effective_budget_w=rollup.budget_w,
+            level=decision.level,
+            level_name=decision.level_name,
+            thresholds_w=decision.thresholds_w,
+            trend_w_per_s=trend,
             lease_expires_ns=decision.control.lease_expires_ns,
             observe=decision.control.observe,
             racks=tuple(
-                RackSummary(rack=r.rack, power_w=r.power_w, budget_w=r.budget_w,
-                            nodes_online=r.nodes_online, nodes_stale=r.nodes_stale,
-                            nodes_offline=r.nodes_offline)
+                RackSummary(
+                    rack=r.rack,
+                    power_w=r.power_w,
+                    budget_w=r.budget_w,
+                    nodes_online=r.nodes_online,
+                    nodes_stale=r.nodes_stale,
+                    nodes_offline=r.nodes_offline,
+                )
                 for r in rollup.racks
             ),
-            offline_nodes=rollup.offline_nodes, stale_nodes=rollup.stale_nodes,
+            offline_nodes=rollup.offline_nodes,
+            stale_nodes=rollup.stale_nodes,
         )
         topic = self.topics.row_summary(self.settings.site, rollup.row)
         self.bus.publish_nowait(OutMessage(topic, encode(summary), qos=0, retain=True))
@@ -406,11 +478,17 @@ class Aggregator:
         thresholds = {f"threshold_{i + 1}_w": t for i, t in enumerate(decision.thresholds_w[:3])}
         out = [
             points.row_point(
-                ts_ns=now_ns, site=site, row=rollup.row,
-                power_w=rollup.power_w, computed_power_w=rollup.computed_power_w,
-                measured_power_w=rollup.measured_power_w, budget_w=rollup.budget_w,
-                effective_budget_w=rollup.budget_w, power_pct=decision.power_pct,
-                level=float(decision.level), trend_w_per_s=trend,
+                ts_ns=now_ns,
+                site=site,
+                row=rollup.row,
+                power_w=rollup.power_w,
+                computed_power_w=rollup.computed_power_w,
+                measured_power_w=rollup.measured_power_w,
+                budget_w=rollup.budget_w,
+                effective_budget_w=rollup.budget_w,
+                power_pct=decision.power_pct,
+                level=float(decision.level),
+                trend_w_per_s=trend,
                 nodes_online=float(len(rollup.fresh_nodes)),
                 nodes_stale=float(len(rollup.stale_nodes)),
                 nodes_offline=float(len(rollup.offline_nodes)),
@@ -421,35 +499,51 @@ class Aggregator:
         tracker = self.trackers[rollup.row]
         now_s = asyncio.get_running_loop().time()
         for rack in rollup.racks:
-            out.append(points.rack_point(
-                ts_ns=now_ns, site=site, row=rollup.row, rack=rack.rack, power_w=rack.power_w,
-                budget_w=rack.budget_w, nodes_online=float(rack.nodes_online),
-                nodes_stale=float(rack.nodes_stale), nodes_offline=float(rack.nodes_offline),
-            ))
+            out.append(
+                points.rack_point(
+                    ts_ns=now_ns,
+                    site=site,
+                    row=rollup.row,
+                    rack=rack.rack,
+                    power_w=rack.power_w,
+                    budget_w=rack.budget_w,
+                    nodes_online=float(rack.nodes_online),
+                    nodes_stale=float(rack.nodes_stale),
+                    nodes_offline=float(rack.nodes_offline),
+                )
+            )
         for view in tracker.nodes.values():
             health = view.health(now_s, self.settings.control.stale_after_s)
             t = view.telemetry
-            out.append(points.node_point(
-                ts_ns=now_ns, site=site, row=rollup.row, rack=view.rack, node=view.spec.name,
-                gpu_power_w=t.node_gpu_power_w if t and health == "fresh" else None,
-                power_w=view.power_w(health),
-                energy_delta_j=t.node_energy_delta_j if t and health == "fresh" else None,
-                level=float(t.level) if t else None,
-                fail_safe=float(t.fail_safe) if t else None,
-                online=float(health == "fresh"),
-                stale=float(health == "stale"),
-                gpus=float(len(t.gpus)) if t else None,
-                gpus_lost=float(sum(1 for g in t.gpus if g.state == "lost")) if t else None,
-                tick_p99_ms=t.health.tick_p99_ms if t else None,
-                outbox_dropped=t.health.outbox_dropped if t else None,
-                control_rejected=t.health.control_rejected if t else None,
-            ))
+            out.append(
+                points.node_point(
+                    ts_ns=now_ns,
+                    site=site,
+                    row=rollup.row,
+                    rack=view.rack,
+                    node=view.spec.name,
+                    gpu_power_w=t.node_gpu_power_w if t and health == "fresh" else None,
+                    power_w=view.power_w(health),
+                    energy_delta_j=t.node_energy_delta_j if t and health == "fresh" else None,
+                    level=float(t.level) if t else None,
+                    fail_safe=float(t.fail_safe) if t else None,
+                    online=float(health == "fresh"),
+                    stale=float(health == "stale"),
+                    gpus=float(len(t.gpus)) if t else None,
+                    gpus_lost=float(sum(1 for g in t.gpus if g.state == "lost")) if t else None,
+                    tick_p99_ms=t.health.tick_p99_ms if t else None,
+                    outbox_dropped=t.health.outbox_dropped if t else None,
+                    control_rejected=t.health.control_rejected if t else None,
+                )
+            )
         return out
 
     def _aggregator_point(self, now_ns: int) -> points.Point:
         stats = self.sink.stats if self.sink is not None else None
         return points.aggregator_point(
-            ts_ns=now_ns, site=self.settings.site, instance=self.settings.instance,
+            ts_ns=now_ns,
+            site=self.settings.site,
+            instance=self.settings.instance,
             messages_in=self.intake.messages_in,
             messages_dropped=sum(self.intake.dropped.values()),
             points_written=stats.points_written if stats else 0,
@@ -466,7 +560,10 @@ class Aggregator:
 
         path = self.settings.policy_file
         async for _changes in watchfiles.awatch(
-            path.parent, debounce=200, step=50, recursive=False,
+            path.parent,
+            debounce=200,
+            step=50,
+            recursive=False,
             watch_filter=lambda _change, changed: Path(changed).name == path.name,
         ):
             self.reload_policy(trigger="file_changed")
@@ -485,10 +582,17 @@ class Aggregator:
         try:
             result = self.policy_store.reload()
             if result.errors:
-                self.log.error("policy_rejected", trigger=trigger, problems=list(result.errors),
-                               revision_in_force=self.policy.revision)
-                self._aggregator_event("policy_rejected", problems=list(result.errors)[:20],
-                                       revision_in_force=self.policy.revision)
+                self.log.error(
+                    "policy_rejected",
+                    trigger=trigger,
+                    problems=list(result.errors),
+                    revision_in_force=self.policy.revision,
+                )
+                self._aggregator_event(
+                    "policy_rejected",
+                    problems=list(result.errors)[:20],
+                    revision_in_force=self.policy.revision,
+                )
                 return False
             if not result.changed:
                 self.log.info("policy_unchanged", trigger=trigger, revision=self.policy.revision)
@@ -510,5 +614,8 @@ class Aggregator:
             return
         while True:
             await asyncio.sleep(interval)
-            self.gate.feed(self.notifier, time.monotonic(),
-                           max_stall_s=interval + self.settings.control.interval_s)
+            self.gate.feed(
+                self.notifier,
+                time.monotonic(),
+                max_stall_s=interval + self.settings.control.interval_s,
+            )

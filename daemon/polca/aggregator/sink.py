@@ -124,7 +124,8 @@ class SinkStats:
     last_error: str | None = None
     """The last write error, for operators."""
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Dropped points by reason: memory_full, spool_full, spool_unreadable, rejected, closed."""
+    """Dropped points by reason: memory_full, spool_full, spool_unreadable, rejected, closed,
+    invalid (a value line protocol cannot carry)."""
 
 
 class Sink(Protocol):
@@ -591,10 +592,16 @@ class InfluxSink:
             self._drop("closed", len(points))
             return
         was_empty = not self._memory
+        invalid = 0
         for point in points:
-            line = point.to_line(PRECISION)
+            try:
+                line = point.to_line(PRECISION)
+            except (AttributeError, TypeError, ValueError):
+                invalid += 1  # a value of a type line protocol cannot carry: a caller's bug
+                continue
             if line:
                 self._memory.append(line.encode())
+        self._drop("invalid", invalid)
         if not self._memory:
             return
         if was_empty:
@@ -820,8 +827,9 @@ class InfluxSink:
                 if self._closing:
                     self._limit_send_to(self._close_deadline)
                 await self._get_transport().send(body)
-        except TimeoutError as exc:
-            self._on_unavailable(InfluxUnavailableError(f"timed out: {exc}"))
+        except TimeoutError:
+            msg = f"no answer within {self._settings.timeout_s} s (or the close deadline)"
+            self._on_unavailable(InfluxUnavailableError(msg))
             return "retry"
         except InfluxUnavailableError as exc:
             self._on_unavailable(exc)
@@ -853,14 +861,13 @@ class InfluxSink:
         self._last_error = str(exc)
         if self._outage_since is None:
             self._outage_since = now
+            self._log().warning("influx_unreachable", error=str(exc), status=exc.status)
+        if self._delays is None:
             self._delays = aiokit.backoff_delays(
                 self._settings.retry_min_s, self._settings.retry_max_s
             )
-            self._log().warning("influx_unreachable", error=str(exc), status=exc.status)
-        delays = self._delays or aiokit.backoff_delays(
-            self._settings.retry_min_s, self._settings.retry_max_s
-        )
-        delay_s = min(max(next(delays), exc.delay_s), max(self._settings.retry_max_s, 0.0))
+        # The server's Retry-After wins over our schedule, but never beyond retry_max_s.
+        delay_s = min(max(next(self._delays), exc.delay_s), self._settings.retry_max_s)
         self._retry_at = now + delay_s
 
     def _on_rejected(self, exc: BatchRejectedError, count: int) -> None:

@@ -291,6 +291,14 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     return {
         model.__name__: model.model_json_schema()
         for model in (
-            Telemetry, Status, State, Event, Control, Assignment, Meter, PolicyBundle, RowSummary
+            Telemetry,
+            Status,
+            State,
+            Event,
+            Control,
+            Assignment,
+            Meter,
+            PolicyBundle,
+            RowSummary,
         )
     }
