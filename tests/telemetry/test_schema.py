@@ -86,6 +86,7 @@ def test_json_schemas_cover_every_kind() -> None:
         "Meter",
         "PolicyBundle",
         "RowSummary",
+        "CduTelemetry",
     }
     assert "gpus" in schemas["Telemetry"]["properties"]
     assert Telemetry.model_fields["node_gpu_power_w"].description

@@ -247,8 +247,78 @@ class RowSummary(_Wire):
     stale_nodes: tuple[_Name, ...] = Field((), max_length=4096)
 
 
+class CoolantConnector(BaseModel):
+    """One side of a CDU (Redfish ``CoolantConnector``): supply, return, flow, pressure.
+
+    ``secondary`` is the technology cooling system loop to the racks, ``primary`` the
+    facility water. Every reading is optional: a CDU reports what it measures.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    supply_temp_c: _Temp | None = Field(None, description="Redfish SupplyTemperatureCelsius.")
+    return_temp_c: _Temp | None = Field(None, description="Redfish ReturnTemperatureCelsius.")
+    flow_lpm: float | None = Field(
+        None, ge=0, le=100_000, description="Redfish FlowLitersPerMinute."
+    )
+    delta_pressure_kpa: float | None = Field(
+        None, ge=-1000, le=10_000, description="Redfish DeltaPressurekPa."
+    )
+    heat_removed_kw: float | None = Field(
+        None, ge=-100_000, le=100_000, description="Redfish HeatRemovedkW."
+    )
+
+
+class Pump(BaseModel):
+    """One CDU pump (Redfish ``Pump``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: _Name
+    state: Literal["running", "standby", "failed", "off"]
+    speed_pct: float | None = Field(None, ge=0, le=100, description="Redfish PumpSpeedPercent.")
+
+
+class LeakDetector(BaseModel):
+    """One leak detector (Redfish ``LeakDetector``; ``DetectorState`` OK/Warning/Critical)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: _Name
+    state: Literal["ok", "warning", "critical"]
+
+
+class CduTelemetry(_Wire):
+    """``{root}/{site}/cooling/{cdu}/telemetry``: one CDU reading (Redfish ``CoolingUnit``).
+
+    Published by the CDU itself, by polca's Modbus poller, or by the simulated plant, at a
+    steady rate (default 1 s); QoS 0. ``loop`` names the cooling loop the CDU serves.
+    """
+
+    kind: Literal["cdu"] = "cdu"
+    cdu: _Name
+    loop: _Name
+    secondary: CoolantConnector
+    primary: CoolantConnector | None = None
+    pumps: tuple[Pump, ...] = Field((), max_length=16)
+    leak_detectors: tuple[LeakDetector, ...] = Field((), max_length=64)
+    valve_position_pct: float | None = Field(None, ge=0, le=100)
+    status: Literal["ok", "warning", "critical"] = Field(
+        "ok", description="The CDU's own health summary (Redfish Status.Health)."
+    )
+
+
 Message = (
-    Telemetry | Status | State | Event | Control | Assignment | Meter | PolicyBundle | RowSummary
+    Telemetry
+    | Status
+    | State
+    | Event
+    | Control
+    | Assignment
+    | Meter
+    | PolicyBundle
+    | RowSummary
+    | CduTelemetry
 )
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Annotated[Message, Field(discriminator="kind")])
 
@@ -300,5 +370,6 @@ def json_schemas() -> dict[str, dict[str, Any]]:
             Meter,
             PolicyBundle,
             RowSummary,
+            CduTelemetry,
         )
     }

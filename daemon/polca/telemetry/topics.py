@@ -79,6 +79,18 @@ class Topics:
         """The retained row summary published by the aggregator."""
         return f"{self.root}/{site}/{row}/summary"
 
+    def cdu(self, site: str, cdu: str) -> str:
+        """A CDU's telemetry topic."""
+        return f"{self.root}/{site}/cooling/{cdu}/telemetry"
+
+    def loop_state(self, site: str, loop: str) -> str:
+        """A cooling loop's retained state, published by the aggregator."""
+        return f"{self.root}/{site}/cooling/loop/{loop}/state"
+
+    def loop_alarms(self, site: str, loop: str) -> str:
+        """A cooling loop's alarm events (raise and clear), QoS 1."""
+        return f"{self.root}/{site}/cooling/loop/{loop}/alarms"
+
     def aggregator(self, site: str, instance: str, channel: str) -> str:
         """An aggregator's own status or events topic."""
         return f"{self.root}/{site}/aggregator/{instance}/{channel}"
