@@ -11,8 +11,16 @@ import structlog
 
 from tests.fake_nvml.plugin import fake_nvml, fake_nvml_lib
 from tests.mqtt_broker import mosquitto, mosquitto_factory
+from tests.tsdb import influxdb1, victoria_metrics
 
-__all__ = ["fake_nvml", "fake_nvml_lib", "mosquitto", "mosquitto_factory"]
+__all__ = [
+    "fake_nvml",
+    "fake_nvml_lib",
+    "influxdb1",
+    "mosquitto",
+    "mosquitto_factory",
+    "victoria_metrics",
+]
 
 
 @pytest.fixture(autouse=True)

@@ -79,7 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--policy", type=Path, default=None)
     demo.add_argument("--broker", default=None, help="use this MQTT broker host[:port]")
-    demo.add_argument("--influx", default=None, help="also write to InfluxDB at this URL (v2 API)")
+    demo.add_argument("--influx", default=None, help="also write to InfluxDB at this URL")
+    demo.add_argument(
+        "--influx-api",
+        choices=["v2", "v1"],
+        default="v2",
+        help="v2 (InfluxDB 1.8+, 2.x, 3.x, VictoriaMetrics) or v1 (InfluxDB 1.x)",
+    )
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     demo.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], default="warning"
@@ -361,6 +367,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         policy=args.policy or DEMO_POLICY,
         duration_s=args.duration,
         influx_url=args.influx,
+        influx_api=args.influx_api,
         broker=_broker_address(args.broker),
     )
     log = structlog.get_logger()

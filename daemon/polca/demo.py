@@ -82,6 +82,7 @@ class DemoOptions:
     policy: Path = DEMO_POLICY
     duration_s: float | None = None
     influx_url: str | None = None
+    influx_api: str = "v2"  # v1 for InfluxDB 1.x (database "polca")
     broker: tuple[str, int] | None = None
     sample_interval_s: float = 0.25
 
@@ -326,7 +327,12 @@ async def run_demo(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoVie
                 ),
             ),
             control=ControlSettings(interval_s=1.0, lease_s=10.0, warmup_s=5.0),
-            influx=InfluxSettings(url=options.influx_url, api="v2"),
+            influx=InfluxSettings(
+                url=options.influx_url,
+                api="v1" if options.influx_api == "v1" else "v2",
+                flush_interval_s=1.0,
+                gpu_every_s=2.0,
+            ),
         )
         aggregator = Aggregator(
             aggregator_settings,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from tests.integration.rig import (
     wait_until,
 )
 from tests.mqtt_broker import MosquittoProcess
+from tests.tsdb import VictoriaMetricsProcess
 
 BUDGET_W = 10_000.0
 RACKS = {"rack1": ["node1"], "rack2": ["node2"]}
@@ -338,3 +341,76 @@ async def test_policy_edit_reaches_agents_and_invalid_edit_never_does(
     for agent in cluster.agents.values():
         agent.signal(signal.SIGTERM)
         assert agent.wait() == 0
+
+
+async def test_status_command_and_history_in_victoria_metrics(
+    cluster: Cluster, mosquitto: MosquittoProcess, victoria_metrics: VictoriaMetricsProcess
+) -> None:
+    """`polca status` shows the row, racks and nodes; the aggregator's points reach the TSDB."""
+    cluster.aggregator = cluster.new_aggregator(
+        extra={"influx": {"url": victoria_metrics.url, "api": "v2", "flush_interval_s": 0.5}}
+    )
+    async with mqtt_probe(mosquitto) as probe:
+        for agent in cluster.agents.values():
+            agent.start()
+        cluster.aggregator.start()
+        await cluster.aggregator.wait_log("aggregator_warm", timeout_s=20)
+        for _ in range(15):
+            await _meter(probe, cluster.aggregator.meter_topic, 85.0)
+            await asyncio.sleep(0.2)
+        await _until_level(probe, 1)
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "polca",
+                "status",
+                "--broker",
+                f"{mosquitto.host}:{mosquitto.port}",
+                "--site",
+                SITE,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"{SITE}/{ROW}" in out
+    assert "T1" in out
+    assert "rack rack1" in out
+    assert "rack rack2" in out
+    assert f"{SITE}/{ROW}/rack1/node1" in out
+    assert "online" in out
+
+    def stored(name: str) -> int:
+        victoria_metrics.flush()
+        return victoria_metrics.count(f'{{__name__="{name}"}}')
+
+    await wait_until(lambda: stored("row_power_w") > 0, timeout_s=15, what="row points")
+    assert stored("node_power_w") > 0
+    assert stored("gpu_power_w") > 0
+    assert stored("control_level") > 0
+
+
+async def test_observe_mode_decides_but_agents_do_not_apply(
+    cluster: Cluster, mosquitto: MosquittoProcess
+) -> None:
+    """Shadow mode: control is published (marked observe) and logged; no GPU is capped."""
+    cluster.aggregator = cluster.new_aggregator(extra={"control": {"observe": True}})
+    async with mqtt_probe(mosquitto) as probe:
+        for agent in cluster.agents.values():
+            agent.start()
+        cluster.aggregator.start()
+        await cluster.aggregator.wait_log("aggregator_warm", timeout_s=20)
+        for _ in range(10):
+            await _meter(probe, cluster.aggregator.meter_topic, 92.0)
+            await asyncio.sleep(0.2)
+        await _until_level(probe, 2)
+        controls = [m for m in probe.of("control") if isinstance(m, Control)]
+        assert controls[-1].observe
+        for agent in cluster.agents.values():
+            await agent.wait_log("control_observed")
+        assert all(v == 0 for locks in cluster.all_locks().values() for v in locks)
