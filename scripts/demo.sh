@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up polca and run its main job on embedded defaults, on a fresh Debian machine:
+# python3-venv if missing (as root, or through sudo), a virtual environment with the
+# embedded MQTT broker extra, then `polca demo` (arguments are passed on, e.g. --duration 60).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends python3-venv
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[embedded]'
+exec .venv/bin/polca demo "$@"
