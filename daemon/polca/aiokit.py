@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
-from collections.abc import Coroutine, Iterator
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 import structlog
+
+from polca.sdnotify import SystemdNotifier, WatchdogGate
 
 
 class UnexpectedReturnError(RuntimeError):
@@ -63,3 +67,54 @@ def install_signal_handlers(stop: asyncio.Event, reload: asyncio.Event) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
+
+
+class StopRequestedError(Exception):
+    """Raised inside a supervisor's TaskGroup to end it when a stop was requested."""
+
+
+async def raise_when_set(event: asyncio.Event) -> None:
+    """Wait for ``event``, then raise ``StopRequestedError`` to end the TaskGroup."""
+    await event.wait()
+    raise StopRequestedError
+
+
+async def repeat_on(event: asyncio.Event, action: Callable[[], object]) -> None:
+    """Call ``action`` each time ``event`` is set (e.g. SIGHUP -> reload), forever."""
+    while True:
+        await event.wait()
+        event.clear()
+        action()
+
+
+async def watch_file(path: Path, *, debounce_s: float, action: Callable[[], object]) -> None:
+    """Call ``action`` whenever ``path`` changes, forever.
+
+    Watches the directory, not the file: editors and configuration management replace
+    files by rename, which a watch on the old inode would miss.
+    """
+    import watchfiles  # noqa: PLC0415 - a Rust extension, loaded only by the daemons
+
+    async for _changes in watchfiles.awatch(
+        path.parent,
+        debounce=max(50, int(debounce_s * 1000)),
+        step=50,
+        recursive=False,
+        watch_filter=lambda _change, changed: Path(changed).name == path.name,
+    ):
+        action()
+    msg = f"the watcher of {path} ended"
+    raise RuntimeError(msg)
+
+
+async def feed_watchdog(
+    notifier: SystemdNotifier, gate: WatchdogGate, *, extra_stall_s: float = 0.0
+) -> None:
+    """Ping systemd's watchdog while ``gate`` shows progress; idle if there is no watchdog."""
+    interval = notifier.watchdog_interval_s()
+    if interval is None:
+        await asyncio.Event().wait()  # no watchdog configured: idle until cancelled
+        return
+    while True:
+        await asyncio.sleep(interval)
+        gate.feed(notifier, time.monotonic(), max_stall_s=interval + extra_stall_s)

@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from polca import __version__
+from polca import __version__, aiokit
 from polca.agent.actuator import Actuator, ApplyResult
 from polca.agent.baseline import Baseline, BaselineStore
 from polca.agent.control import ControlTracker
@@ -68,10 +68,6 @@ from polca.telemetry.topics import NodeAddress, Topics
 
 LOST_RETRY_S = 10.0
 REMOTE_POLICY_FILE = "policy.remote.yaml"
-
-
-class _StopRequestedError(Exception):
-    """Raised inside the TaskGroup to end it when a stop was requested."""
 
 
 @dataclass(slots=True)
@@ -260,16 +256,12 @@ class Agent:
                         ("watchdog", self._watchdog()),
                     ):
                         tg.create_task(guard(name, coro), name=name)
-                    tg.create_task(self._stopper(), name="stopper")
-            except* _StopRequestedError:
+                    tg.create_task(aiokit.raise_when_set(self.stop_requested), name="stopper")
+            except* aiokit.StopRequestedError:
                 self.log.info("agent_stopping")
             finally:
                 await asyncio.shield(self._shutdown())
                 bus_task.cancel()
-
-    async def _stopper(self) -> None:
-        await self.stop_requested.wait()
-        raise _StopRequestedError
 
     async def _shutdown(self) -> None:
         """Restore or keep caps, publish the final state and status; bounded."""
@@ -819,27 +811,14 @@ class Agent:
         self._wake.set()
 
     async def _policy_watcher(self) -> None:
-        import watchfiles  # noqa: PLC0415 - a Rust extension, loaded only by the agent
-
-        path = self.settings.agent.policy_file
-        debounce_ms = max(50, int(self.settings.agent.policy_reload_debounce_s * 1000))
-        # Watch the directory: editors and config management replace files by rename.
-        async for _changes in watchfiles.awatch(
-            path.parent,
-            debounce=debounce_ms,
-            step=50,
-            watch_filter=lambda _change, changed: Path(changed).name == path.name,
-            recursive=False,
-        ):
-            self.reload_policy(trigger="file_changed")
-        msg = "the policy file watcher ended"
-        raise RuntimeError(msg)
+        await aiokit.watch_file(
+            self.settings.agent.policy_file,
+            debounce_s=self.settings.agent.policy_reload_debounce_s,
+            action=lambda: self.reload_policy(trigger="file_changed"),
+        )
 
     async def _sighup(self) -> None:
-        while True:
-            await self.reload_requested.wait()
-            self.reload_requested.clear()
-            self.reload_policy(trigger="sighup")
+        await aiokit.repeat_on(self.reload_requested, lambda: self.reload_policy(trigger="sighup"))
 
     def reload_policy(self, *, trigger: str) -> bool:
         """Reload the policy file; keep the last good policy when the new one is invalid."""
@@ -886,13 +865,7 @@ class Agent:
             self.notifier.ready(self._status_line())
 
     async def _watchdog(self) -> None:
-        interval = self.notifier.watchdog_interval_s()
-        if interval is None:
-            await asyncio.Event().wait()  # no watchdog configured: idle until cancelled
-            return
-        while True:
-            await asyncio.sleep(interval)
-            self.gate.feed(self.notifier, time.monotonic(), max_stall_s=interval)
+        await aiokit.feed_watchdog(self.notifier, self.gate)
 
 
 def _first_reasons(decision: Decision) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from polca import __version__
+from polca import __version__, aiokit
 from polca.aggregator import points
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.controller import ScopeController, ScopeDecision
@@ -57,10 +57,6 @@ def make_sink(influx: InfluxSettings, *, state_dir: Path) -> Sink | None:
     if influx.spool_dir is None:
         influx = influx.model_copy(update={"spool_dir": state_dir / "spool"})
     return InfluxSink(influx, token=resolve_token(influx))
-
-
-class _StopRequestedError(Exception):
-    """Raised inside the TaskGroup to end it when a stop was requested."""
 
 
 class Aggregator:
@@ -169,15 +165,11 @@ class Aggregator:
                         ("watchdog", self._watchdog()),
                     ):
                         tg.create_task(guard(name, coro), name=name)
-                    tg.create_task(self._stopper(), name="stopper")
-            except* _StopRequestedError:
+                    tg.create_task(aiokit.raise_when_set(self.stop_requested), name="stopper")
+            except* aiokit.StopRequestedError:
                 self.log.info("aggregator_stopping")
             finally:
                 await asyncio.shield(self._shutdown(bus_task, sink_task))
-
-    async def _stopper(self) -> None:
-        await self.stop_requested.wait()
-        raise _StopRequestedError
 
     async def _shutdown(
         self, bus_task: asyncio.Task[None], sink_task: asyncio.Task[None] | None
@@ -556,25 +548,14 @@ class Aggregator:
     # ------------------------------------------------------------------ policy
 
     async def _policy_watcher(self) -> None:
-        import watchfiles  # noqa: PLC0415 - a Rust extension, loaded only by daemons
-
-        path = self.settings.policy_file
-        async for _changes in watchfiles.awatch(
-            path.parent,
-            debounce=200,
-            step=50,
-            recursive=False,
-            watch_filter=lambda _change, changed: Path(changed).name == path.name,
-        ):
-            self.reload_policy(trigger="file_changed")
-        msg = "the policy file watcher ended"
-        raise RuntimeError(msg)
+        await aiokit.watch_file(
+            self.settings.policy_file,
+            debounce_s=0.2,
+            action=lambda: self.reload_policy(trigger="file_changed"),
+        )
 
     async def _sighup(self) -> None:
-        while True:
-            await self.reload_requested.wait()
-            self.reload_requested.clear()
-            self.reload_policy(trigger="sighup")
+        await aiokit.repeat_on(self.reload_requested, lambda: self.reload_policy(trigger="sighup"))
 
     def reload_policy(self, *, trigger: str) -> bool:
         """Reload and, when valid and new, publish the node policy; never publish a bad one."""
@@ -608,14 +589,6 @@ class Aggregator:
             self.notifier.ready(self._status_line())
 
     async def _watchdog(self) -> None:
-        interval = self.notifier.watchdog_interval_s()
-        if interval is None:
-            await asyncio.Event().wait()
-            return
-        while True:
-            await asyncio.sleep(interval)
-            self.gate.feed(
-                self.notifier,
-                time.monotonic(),
-                max_stall_s=interval + self.settings.control.interval_s,
-            )
+        await aiokit.feed_watchdog(
+            self.notifier, self.gate, extra_stall_s=self.settings.control.interval_s
+        )
