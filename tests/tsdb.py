@@ -1,11 +1,12 @@
 """Real time-series databases on free loopback ports: InfluxDB 1.x and VictoriaMetrics.
 
-The sink tests never mock the database: each test gets its own ``/usr/bin/influxd``
-(Debian ``influxdb`` 1.6.7, v1 API only) or ``/usr/bin/victoria-metrics`` (Debian
-``victoria-metrics`` 1.79.5, which accepts ``/api/v2/write`` and ``/write``) process with its
-data in the test's temporary directory. A test can stop, kill and start it again on the same
-port (database-outage tests). When a binary is missing the fixtures fail with a message naming
-the Debian package (they never skip).
+The sink and dashboard tests never mock the database: each test (or test module) gets its own
+``/usr/bin/influxd`` (Debian ``influxdb`` 1.6.7, v1 API only) or ``/usr/bin/victoria-metrics``
+(Debian ``victoria-metrics`` 1.79.5, which accepts ``/api/v2/write`` and ``/write``) process
+with its data in a temporary directory. A test can stop, kill and start it again on the same
+port (database-outage tests); the lifecycle is ``tests.services.ServiceProcess``. When a
+binary is missing the fixtures fail with a message naming the Debian package (they never
+skip).
 
 The helpers talk HTTP with ``urllib`` (blocking, short); from an async test that must keep its
 event loop running meanwhile, call ``start``/``stop`` through ``asyncio.to_thread``.
@@ -16,26 +17,21 @@ Register the fixtures with ``from tests.tsdb import influxdb1, victoria_metrics`
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
-import subprocess
-import time
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from tests.mqtt_broker import free_port
+from tests.services import ServiceProcess, free_port, require_binary
 
 INFLUXD = Path("/usr/bin/influxd")
 VICTORIA_METRICS = Path("/usr/bin/victoria-metrics")
-_START_TIMEOUT_S = 20.0
-_STOP_TIMEOUT_S = 10.0
 _HTTP_TIMEOUT_S = 10.0
 
 
@@ -52,90 +48,23 @@ def _http(
         return exc.code, exc.read()
 
 
-class _ServiceProcess:
-    """A database process on a fixed loopback port that a test can stop and start again."""
+class _HttpServiceProcess(ServiceProcess):
+    """A database with an HTTP API; ready when ``GET ready_path`` answers ``ready_status``."""
 
-    name = "service"
-
-    def __init__(self, workdir: Path, *, host: str = "127.0.0.1") -> None:
-        self.host = host
-        self.port = free_port(host)
-        self.workdir = workdir
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = workdir / f"{self.name}.log"
-        self._process: subprocess.Popen[bytes] | None = None
+    ready_path: ClassVar[str] = "/"
+    ready_status: ClassVar[int] = 200
 
     @property
     def url(self) -> str:
         """``http://host:port``, the base URL a client is configured with."""
         return f"http://{self.host}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        """Whether the process is alive."""
-        return self._process is not None and self._process.poll() is None
-
-    def _argv(self) -> list[str]:
-        raise NotImplementedError
-
     def _ready(self) -> bool:
-        raise NotImplementedError
-
-    def start(self) -> None:
-        """Start the database (again, on the same port) and wait until it answers."""
-        if self.running:
-            return
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                self._argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                pytest.fail(
-                    f"{self.name} exited with {self._process.returncode}:\n{self.log_tail()}",
-                    pytrace=False,
-                )
-            with contextlib.suppress(OSError):
-                if self._ready():
-                    return
-            time.sleep(0.05)
-        self.kill()
-        pytest.fail(
-            f"{self.name} did not answer on {self.url} within {_START_TIMEOUT_S} s:\n"
-            f"{self.log_tail()}",
-            pytrace=False,
-        )
-
-    def stop(self) -> None:
-        """SIGTERM and wait: a clean shutdown (accepted writes are kept)."""
-        self._end(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """SIGKILL and wait: the database vanishes without a word."""
-        self._end(signal.SIGKILL)
-
-    def _end(self, sig: signal.Signals) -> None:
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(sig)
-        try:
-            process.wait(timeout=_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=_STOP_TIMEOUT_S)
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the process's log, for failure messages."""
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        status, _ = _http("GET", f"{self.url}{self.ready_path}", timeout_s=0.5)
+        return status == self.ready_status
 
 
-class InfluxDB1Process(_ServiceProcess):
+class InfluxDB1Process(_HttpServiceProcess):
     """InfluxDB 1.x (``influxd``) with a generated config, no authentication.
 
     The HTTP API and the RPC (backup) port both listen on free loopback ports; meta, data and
@@ -144,15 +73,14 @@ class InfluxDB1Process(_ServiceProcess):
     """
 
     name = "influxd"
+    ready_path = "/ping"
+    ready_status = 204
     database = "polca"
 
     def __init__(self, workdir: Path, *, host: str = "127.0.0.1") -> None:
-        if not INFLUXD.exists():
-            pytest.fail(
-                f"{INFLUXD} is missing: the InfluxDB sink tests need a real InfluxDB 1.x "
-                "(apt-get install influxdb; .ci/run installs it)",
-                pytrace=False,
-            )
+        require_binary(
+            INFLUXD, needed_by="the InfluxDB tests need a real InfluxDB 1.x", package="influxdb"
+        )
         super().__init__(workdir, host=host)
         self.rpc_port = free_port(host)
         self.conf_path = workdir / "influxdb.conf"
@@ -186,6 +114,9 @@ bind-address = "{self.host}:{self.rpc_port}"
 [continuous_queries]
   enabled = false
 
+[shard-precreation]
+  enabled = false
+
 [http]
   enabled = true
   bind-address = "{self.host}:{self.port}"
@@ -203,22 +134,36 @@ bind-address = "{self.host}:{self.rpc_port}"
     def _argv(self) -> list[str]:
         return [str(INFLUXD), "run", "-config", str(self.conf_path)]
 
-    def _ready(self) -> bool:
-        status, _ = _http("GET", f"{self.url}/ping", timeout_s=0.5)
-        return status == 204
+    def _env(self) -> dict[str, str]:
+        # INFLUXDB_* variables override the config file; the test's config must win.
+        return {k: v for k, v in os.environ.items() if not k.startswith("INFLUXDB_")}
 
     def start(self) -> None:
         """Start ``influxd`` (again) and make sure the ``polca`` database exists."""
         super().start()
         self.query(f"CREATE DATABASE {self.database}", method="POST")
 
+    def _query(self, influxql: str, method: str) -> tuple[int, bytes]:
+        params = urllib.parse.urlencode({"db": self.database, "q": influxql, "epoch": "ms"})
+        return _http(method, f"{self.url}/query?{params}")
+
+    def query_raw(self, influxql: str, *, method: str = "GET") -> dict[str, Any]:
+        """Run InfluxQL against the ``polca`` database; the whole decoded JSON answer.
+
+        Nothing fails the test here: an HTTP error status still returns the body (InfluxDB
+        puts ``{"error": ...}`` there) and each result may hold its own ``error``, so a
+        caller checking queries sees the server's message. Times are epoch milliseconds.
+        """
+        _, body = self._query(influxql, method)
+        answer: dict[str, Any] = json.loads(body)
+        return answer
+
     def query(self, influxql: str, *, method: str = "GET") -> list[dict[str, Any]]:
         """Run InfluxQL against the ``polca`` database; the series of the first result.
 
         Times come back as epoch milliseconds. An error in the result fails the test.
         """
-        params = urllib.parse.urlencode({"db": self.database, "q": influxql, "epoch": "ms"})
-        status, body = _http(method, f"{self.url}/query?{params}")
+        status, body = self._query(influxql, method)
         if status != 200:
             pytest.fail(f"InfluxQL {influxql!r} failed with HTTP {status}: {body!r}")
         results = json.loads(body)["results"]
@@ -245,7 +190,7 @@ bind-address = "{self.host}:{self.rpc_port}"
             pytest.fail(f"write failed with HTTP {status}: {answer!r}")
 
 
-class VictoriaMetricsProcess(_ServiceProcess):
+class VictoriaMetricsProcess(_HttpServiceProcess):
     """Single-node VictoriaMetrics with its storage under ``workdir``.
 
     Influx line protocol becomes series named ``<measurement>_<field>`` with the tags as
@@ -254,14 +199,14 @@ class VictoriaMetricsProcess(_ServiceProcess):
     """
 
     name = "victoria-metrics"
+    ready_path = "/health"
 
     def __init__(self, workdir: Path, *, host: str = "127.0.0.1") -> None:
-        if not VICTORIA_METRICS.exists():
-            pytest.fail(
-                f"{VICTORIA_METRICS} is missing: the InfluxDB v2-API sink tests need a real "
-                "VictoriaMetrics (apt-get install victoria-metrics; .ci/run installs it)",
-                pytrace=False,
-            )
+        require_binary(
+            VICTORIA_METRICS,
+            needed_by="the InfluxDB v2-API sink tests need a real VictoriaMetrics",
+            package="victoria-metrics",
+        )
         super().__init__(workdir, host=host)
 
     def _argv(self) -> list[str]:
@@ -275,10 +220,6 @@ class VictoriaMetricsProcess(_ServiceProcess):
             "-loggerLevel=ERROR",
             "-memory.allowedPercent=20",
         ]
-
-    def _ready(self) -> bool:
-        status, _ = _http("GET", f"{self.url}/health", timeout_s=0.5)
-        return status == 200
 
     def flush(self) -> None:
         """Make every accepted sample searchable now (``/internal/force_flush``)."""

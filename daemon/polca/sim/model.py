@@ -1,0 +1,333 @@
+"""The simulator's physics and configuration: GPUs serving LLM requests, servers, a row.
+
+``polca simulate`` and ``polca plan`` answer "how many servers can this row hold" before
+caps are enabled on a live row, so the model has to be honest about three things and
+nothing more: how an inference GPU's power moves with what it is doing (prefill, decode,
+idle) and with its SM clock, how a clock cap slows each phase down, and what the rest of
+a server draws. Everything here is data and vectorised arithmetic (numpy over every GPU
+of the row at once); the time loop lives in ``polca.sim.runner``.
+
+The model per GPU (constants per GPU type in ``SIM_GPUS``; where each number comes from
+is in ``docs/simulator.md``):
+
+- **prefill** is compute-bound: at the maximum SM clock it draws ``prefill_frac(ctx)``
+  of TDP, from ``prefill_power_min_frac`` for short prompts up to
+  ``prefill_power_max_frac`` for prompts of ``prefill_power_ctx_tokens`` or more (longer
+  inputs spike higher, POLCA §2.4); its duration is ``ctx / prefill_tokens_per_s`` at the
+  maximum clock and scales with ``(f_max / f) ** prefill_clock_exponent``;
+- **decode** is memory-bound: ``decode_power_base_frac + decode_power_per_request_frac x
+  (batch - 1)`` of TDP (at most ``decode_power_max_frac``); a token takes
+  ``decode_s_per_token x (1 + decode_batch_penalty x (batch - 1))`` at the maximum clock,
+  scaled by ``(f_max / f) ** decode_clock_exponent`` (weakly clock-sensitive);
+- **idle with a resident model** draws ``resident_power_w``;
+- the dynamic part of power (above resident) splits into a memory share, which a clock
+  lock does not touch, and an SM share scaling as ``(f / f_max) ** clock_power_exponent``
+  (f x V^2 with V rising with f); the memory share is small for prefill and large for
+  decode;
+- the GPU's **power limit** (TDP by default, or a cap from the policy) is met by lowering
+  the clock until the phase's power fits, as the GPU's own power controller does.
+
+A server adds ``server_other_w`` (CPUs, memory, NICs, NVSwitches, fans) to its GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from polca.errors import ConfigError
+from polca.gpu.models import GpuModel, get_model
+from polca.gpu.trace import serving_model
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.intp]
+
+ACTUATION_PRESETS_S: dict[str, float] = {
+    # In-band NVML clock lock: ~10 ms (Perseus, arXiv 2312.06902) plus polca's own control
+    # path, ~2 ms (docs/performance.md); the simulator applies it at the next step.
+    "in-band": 0.012,
+    # Out-of-band through the BMC (SMBPBI): up to 40 s per server (POLCA Table 1).
+    "out-of-band": 40.0,
+}
+
+
+class SimConfigError(ConfigError):
+    """A simulation cannot run with these inputs; the message names the input at fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    """Everything the simulator needs to know about one GPU type serving one model replica."""
+
+    name: str
+    tdp_w: float  # thermal design power = default power limit
+    power_limit_min_w: float
+    power_limit_max_w: float
+    sm_clock_max_mhz: int
+    sm_clock_min_mhz: int
+    resident_power_w: float  # a model is loaded, nothing runs
+    prefill_power_min_frac: float  # of TDP at max clock, shortest prompts
+    prefill_power_max_frac: float  # of TDP at max clock, prompts >= prefill_power_ctx_tokens
+    prefill_power_ctx_tokens: float
+    decode_power_base_frac: float  # of TDP at max clock, one request decoding
+    decode_power_per_request_frac: float  # ... plus this per extra request in the batch
+    decode_power_max_frac: float
+    prefill_mem_share: float  # share of the dynamic power a clock lock does not reduce
+    decode_mem_share: float
+    clock_power_exponent: float  # SM dynamic power ~ (f / f_max) ** this
+    prefill_tokens_per_s: float  # at max clock, one prefill at a time
+    prefill_clock_exponent: float  # prefill time ~ (f_max / f) ** this
+    decode_s_per_token: float  # at max clock, batch of one
+    decode_batch_penalty: float  # per extra request in the batch
+    decode_clock_exponent: float  # decode time ~ (f_max / f) ** this
+    brake_sm_clock_mhz: int  # where the hardware power brake holds the SM clock
+
+    @property
+    def min_clock_frac(self) -> float:
+        """The lowest lockable SM clock as a fraction of the maximum."""
+        return self.sm_clock_min_mhz / self.sm_clock_max_mhz
+
+    def prefill_frac(self, ctx_tokens: FloatArray) -> FloatArray:
+        """Prefill power at max clock, as a fraction of TDP, for prompts of ``ctx_tokens``."""
+        fill = np.minimum(1.0, ctx_tokens / self.prefill_power_ctx_tokens)
+        lo, hi = self.prefill_power_min_frac, self.prefill_power_max_frac
+        return lo + (hi - lo) * fill
+
+    def decode_frac(self, batch: FloatArray) -> FloatArray:
+        """Decode power at max clock, as a fraction of TDP, with ``batch`` requests (>= 1)."""
+        frac = self.decode_power_base_frac + self.decode_power_per_request_frac * (batch - 1.0)
+        return np.minimum(self.decode_power_max_frac, frac)
+
+    def power_w(self, full_w: FloatArray, clock_frac: FloatArray, mem_share: float) -> FloatArray:
+        """Power of a phase that draws ``full_w`` at max clock, run at ``clock_frac``."""
+        dynamic_w = np.maximum(full_w - self.resident_power_w, 0.0)
+        scale = mem_share + (1.0 - mem_share) * clock_frac**self.clock_power_exponent
+        return self.resident_power_w + dynamic_w * scale
+
+    def clock_for_limit(
+        self, full_w: FloatArray, limit_w: FloatArray, mem_share: float
+    ) -> FloatArray:
+        """The highest clock fraction at which a phase drawing ``full_w`` fits ``limit_w``.
+
+        1.0 where it fits at max clock; never below the lowest lockable clock (a GPU cannot
+        go lower, so it runs over the limit there, as a real one would).
+        """
+        dynamic_w = np.maximum(full_w - self.resident_power_w, 1e-9)
+        share = (limit_w - self.resident_power_w) / dynamic_w
+        sm = np.clip((share - mem_share) / (1.0 - mem_share), 0.0, 1.0)
+        return np.clip(sm ** (1.0 / self.clock_power_exponent), self.min_clock_frac, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPreset:
+    """Defaults for a server of 8 GPUs of one type (what the CLI fills in)."""
+
+    gpu: str
+    provisioned_w: float  # row budget share per server at 0% oversubscription
+    other_w: float  # non-GPU power
+    load_scale: float  # trace copies per server that make a row peak near 79%
+
+
+def _sim_gpu(
+    model: GpuModel,
+    *,
+    resident_power_w: float,
+    brake_sm_clock_mhz: int,
+    decode_mem_share: float = 0.6,
+) -> SimGpu:
+    serving = serving_model(model.name)
+    return SimGpu(
+        name=model.name,
+        tdp_w=model.tdp_w,
+        power_limit_min_w=model.power_limit_min_w,
+        power_limit_max_w=model.power_limit_max_w,
+        sm_clock_max_mhz=model.sm_clock_max_mhz,
+        sm_clock_min_mhz=model.sm_clock_min_mhz,
+        resident_power_w=resident_power_w,
+        prefill_power_min_frac=0.80,
+        prefill_power_max_frac=1.10,
+        prefill_power_ctx_tokens=4096.0,
+        decode_power_base_frac=0.45,
+        decode_power_per_request_frac=0.03,
+        decode_power_max_frac=0.65,
+        prefill_mem_share=model.mem_power_share,
+        decode_mem_share=decode_mem_share,
+        clock_power_exponent=model.clock_power_exponent,
+        prefill_tokens_per_s=serving.prefill_tokens_per_s,
+        prefill_clock_exponent=1.0,
+        decode_s_per_token=serving.decode_s_per_token,
+        decode_batch_penalty=0.02,
+        decode_clock_exponent=0.2,
+        brake_sm_clock_mhz=brake_sm_clock_mhz,
+    )
+
+
+SIM_GPUS: dict[str, SimGpu] = {
+    g.name.lower(): g
+    for g in (
+        # Idle with a resident model: 80.0 W A100, 121.7 W H100 (polca-paper.md §4.1).
+        # Brake clock: POLCA's ~288 MHz on A100; 20% of max on the others (as the policy).
+        _sim_gpu(get_model("A100-SXM4"), resident_power_w=80.0, brake_sm_clock_mhz=288),
+        _sim_gpu(get_model("A100-SXM4-40GB"), resident_power_w=78.0, brake_sm_clock_mhz=288),
+        _sim_gpu(get_model("H100-SXM"), resident_power_w=122.0, brake_sm_clock_mhz=396),
+        _sim_gpu(get_model("H200-SXM"), resident_power_w=130.0, brake_sm_clock_mhz=396),
+    )
+}
+
+SERVER_PRESETS: dict[str, ServerPreset] = {
+    # DGX-A100: measured peak <= 5.7 kW of a 6.5 kW nameplate (POLCA §2.2); the row is
+    # provisioned at the measured peak. GPUs are ~60% of server power at that peak, so the
+    # rest (2x EPYC, 1-2 TB DRAM, NICs, NVSwitches, fans) draws about 1.6 kW.
+    "a100-sxm4": ServerPreset("A100-SXM4", provisioned_w=5700.0, other_w=1600.0, load_scale=4.0),
+    "a100-sxm4-40gb": ServerPreset(
+        "A100-SXM4-40GB", provisioned_w=5700.0, other_w=1600.0, load_scale=4.0
+    ),
+    # DGX-H100: 10.2 kW maximum input; provisioned like the A100 at ~88% of it [U].
+    "h100-sxm": ServerPreset("H100-SXM", provisioned_w=9000.0, other_w=2400.0, load_scale=6.0),
+    "h200-sxm": ServerPreset("H200-SXM", provisioned_w=9000.0, other_w=2400.0, load_scale=6.0),
+}
+
+GPU_NAMES: tuple[str, ...] = tuple(g.name for g in SIM_GPUS.values())
+
+
+def sim_gpu(name: str) -> SimGpu:
+    """The simulator preset of GPU type ``name`` (case-insensitive)."""
+    try:
+        return SIM_GPUS[name.strip().lower()]
+    except KeyError as exc:
+        msg = f"unknown GPU model {name!r}; known models: {', '.join(GPU_NAMES)}"
+        raise SimConfigError(msg) from exc
+
+
+def server_preset(name: str) -> ServerPreset:
+    """The server defaults for GPU type ``name``."""
+    sim_gpu(name)  # the same error for an unknown name
+    return SERVER_PRESETS[name.strip().lower()]
+
+
+@dataclass(frozen=True, slots=True)
+class RowConfig:
+    """One row: its servers, their GPUs, and the row's provisioned power budget.
+
+    ``servers`` is what is deployed (base servers x (1 + oversubscription)); the budget is
+    the same whatever is deployed.
+    """
+
+    servers: int
+    gpus_per_server: int
+    gpu: SimGpu
+    budget_w: float
+    server_other_w: float
+
+    def __post_init__(self) -> None:
+        if self.servers < 1:
+            msg = f"a row needs at least one server, got servers={self.servers}"
+            raise SimConfigError(msg)
+        if self.gpus_per_server < 1:
+            msg = f"a server needs at least one GPU, got gpus_per_server={self.gpus_per_server}"
+            raise SimConfigError(msg)
+        if not (math.isfinite(self.budget_w) and self.budget_w > 0):
+            msg = f"the row budget must be a positive number of watts, got {self.budget_w}"
+            raise SimConfigError(msg)
+        if not (math.isfinite(self.server_other_w) and self.server_other_w >= 0):
+            msg = f"non-GPU server power must be >= 0 W, got {self.server_other_w}"
+            raise SimConfigError(msg)
+        if self.idle_power_w >= self.budget_w:
+            msg = (
+                f"impossible row: {self.servers} servers idle at {self.idle_power_w:.0f} W "
+                f"({self.server_other_w:.0f} W non-GPU + {self.gpus_per_server} x "
+                f"{self.gpu.resident_power_w:.0f} W per server), at or above the row budget "
+                f"of {self.budget_w:.0f} W; no policy can keep this row under budget"
+            )
+            raise SimConfigError(msg)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs in the row."""
+        return self.servers * self.gpus_per_server
+
+    @property
+    def idle_power_w(self) -> float:
+        """Row power with every model resident and no request running."""
+        return self.servers * (self.server_other_w + self.gpus_per_server * self.gpu.resident_power_w)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    """Telemetry, actuation and brake timing of the simulated control loop."""
+
+    telemetry_period_s: float = 2.0  # row meter averaging period = controller interval
+    telemetry_delay_s: float = 2.0  # age of the newest reading (POLCA Table 1: 2 s)
+    actuation_delay_s: float = ACTUATION_PRESETS_S["out-of-band"]
+    actuation_jitter: float = 0.0  # per-server delay drawn from [1 - jitter, 1] x delay
+    trend_window_s: float = 10.0  # least-squares trend, as the aggregator's default
+    brake_tolerance_s: float = 5.0  # row above budget this long -> the hardware brake fires
+    brake_hold_s: float = 10.0  # the brake holds the row's GPUs at the brake clock this long
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("telemetry_period_s", self.telemetry_period_s, 0.0, False),
+            ("telemetry_delay_s", self.telemetry_delay_s, 0.0, True),
+            ("actuation_delay_s", self.actuation_delay_s, 0.0, True),
+            ("trend_window_s", self.trend_window_s, 0.0, False),
+            ("brake_tolerance_s", self.brake_tolerance_s, 0.0, True),
+            ("brake_hold_s", self.brake_hold_s, 0.0, True),
+        )
+        for name, value, low, inclusive in checks:
+            ok = math.isfinite(value) and (value >= low if inclusive else value > low)
+            if not ok:
+                bound = ">= 0" if inclusive else "> 0"
+                msg = f"{name} must be {bound} seconds, got {value}"
+                raise SimConfigError(msg)
+        if not 0.0 <= self.actuation_jitter <= 1.0:
+            msg = f"actuation_jitter must be within 0..1, got {self.actuation_jitter}"
+            raise SimConfigError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulation: a row (or several alike), its control loop and the step size."""
+
+    row: RowConfig
+    control: ControlConfig = field(default_factory=ControlConfig)
+    rows: int = 1  # identical rows, each with its own load, budget and controller
+    step_s: float = 0.1
+    max_wait_s: float = 30.0  # a prefill queued longer is dropped (client timeout)
+
+    def __post_init__(self) -> None:
+        if self.rows < 1:
+            msg = f"rows must be at least 1, got {self.rows}"
+            raise SimConfigError(msg)
+        if not (math.isfinite(self.step_s) and 0 < self.step_s <= 1.0):
+            msg = f"step_s must be within (0, 1] seconds, got {self.step_s}"
+            raise SimConfigError(msg)
+        if self.control.telemetry_period_s < self.step_s:
+            msg = (
+                f"telemetry_period_s ({self.control.telemetry_period_s} s) must be at least "
+                f"one step ({self.step_s} s)"
+            )
+            raise SimConfigError(msg)
+        if not self.max_wait_s > 0:
+            msg = f"max_wait_s must be positive, got {self.max_wait_s}"
+            raise SimConfigError(msg)
+
+
+__all__ = [
+    "ACTUATION_PRESETS_S",
+    "GPU_NAMES",
+    "SERVER_PRESETS",
+    "SIM_GPUS",
+    "ControlConfig",
+    "FloatArray",
+    "IntArray",
+    "RowConfig",
+    "ServerPreset",
+    "SimConfig",
+    "SimConfigError",
+    "SimGpu",
+    "server_preset",
+    "sim_gpu",
+]

@@ -1,0 +1,142 @@
+"""Real service processes on loopback ports for the tests: one lifecycle for all of them.
+
+The MQTT broker (``tests/mqtt_broker.py``) and the time-series databases (``tests/tsdb.py``)
+are real programs that a test starts on a free loopback port, stops cleanly or kills, and
+starts again on the same port (outage tests). ``ServiceProcess`` is that lifecycle once:
+start and poll until the service answers (failing the test with the log's tail when it
+exits or stays silent), SIGTERM or SIGKILL and wait, and the log for failure messages.
+A subclass says how to run the program (``_argv``) and how to tell it is ready
+(``_ready``). ``require_binary`` makes a fixture fail, never skip, when the program is not
+installed, naming the Debian package.
+
+Everything here blocks (short waits on subprocesses and sockets); from an async test that
+must keep its event loop running meanwhile, call ``start``/``stop`` through
+``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def require_binary(path: Path, *, needed_by: str, package: str) -> None:
+    """Fail the test (never skip) when ``path`` is missing, naming the Debian package."""
+    if not path.exists():
+        pytest.fail(
+            f"{path} is missing: {needed_by} (apt-get install {package}; .ci/run installs it)",
+            pytrace=False,
+        )
+
+
+class ServiceProcess:
+    """One service process on a fixed loopback port that a test can stop and start again.
+
+    Its output (stdout and stderr) appends to ``workdir/<name>.log``, across restarts.
+    """
+
+    name: ClassVar[str] = "service"
+    """The program's short name: log file name and failure messages."""
+    start_timeout_s: ClassVar[float] = 20.0
+    """How long ``start`` waits for ``_ready``."""
+    stop_timeout_s: ClassVar[float] = 10.0
+    """How long ``stop``/``kill`` wait for the process to exit (then SIGKILL)."""
+    poll_interval_s: ClassVar[float] = 0.05
+    """The pause between two readiness checks."""
+
+    def __init__(self, workdir: Path, *, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / f"{self.name}.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def _argv(self) -> list[str]:
+        """The command line that runs the service in the foreground."""
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        """Whether the service answers now; an ``OSError`` counts as not yet."""
+        raise NotImplementedError
+
+    def _env(self) -> dict[str, str] | None:
+        """The process environment; None inherits the test's."""
+        return None
+
+    def start(self) -> None:
+        """Start the service (again, on the same port) and wait until it answers."""
+        if self.running:
+            return
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                self._argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+            )
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                pytest.fail(
+                    f"{self.name} exited with {self._process.returncode}:\n{self.log_tail()}",
+                    pytrace=False,
+                )
+            with contextlib.suppress(OSError):
+                if self._ready():
+                    return
+            time.sleep(self.poll_interval_s)
+        self.kill()
+        pytest.fail(
+            f"{self.name} did not answer on {self.host}:{self.port} within "
+            f"{self.start_timeout_s} s:\n{self.log_tail()}",
+            pytrace=False,
+        )
+
+    def stop(self) -> None:
+        """SIGTERM and wait: a clean shutdown."""
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL and wait: the service vanishes without a word."""
+        self._end(signal.SIGKILL)
+
+    def _end(self, sig: signal.Signals) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=self.stop_timeout_s)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the process's log, for failure messages."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
