@@ -11,39 +11,43 @@ instead of plain TCP, with a throwaway CA, a server certificate for ``127.0.0.1`
 ``require_certificate=True`` makes it mutual TLS (clients must present a certificate that
 the CA signed).
 
+The start/stop/kill lifecycle is ``tests.services.ServiceProcess``; ``free_port`` is
+re-exported from there for the tests that import it from here.
+
 Register the fixtures with ``from tests.mqtt_broker import mosquitto, mosquitto_factory``
 in a ``conftest.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from tests.services import ServiceProcess, free_port, require_binary
+
+__all__ = [
+    "MOSQUITTO",
+    "MOSQUITTO_PASSWD",
+    "MosquittoFactory",
+    "MosquittoProcess",
+    "TlsFiles",
+    "free_port",
+    "make_tls_files",
+    "mosquitto",
+    "mosquitto_factory",
+]
+
 MOSQUITTO = Path("/usr/sbin/mosquitto")
 MOSQUITTO_PASSWD = Path("/usr/bin/mosquitto_passwd")
 _CERT_DAYS = 2  # throwaway certificates: valid from now to the day after tomorrow
-_START_TIMEOUT_S = 5.0
-_STOP_TIMEOUT_S = 5.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -172,7 +176,7 @@ def _openssl(openssl: str, *args: str) -> None:
         )
 
 
-class MosquittoProcess:
+class MosquittoProcess(ServiceProcess):
     """One Mosquitto broker process with its own config, on a fixed loopback port.
 
     ``users`` (name -> password) turns anonymous access off and writes a password file
@@ -181,6 +185,11 @@ class MosquittoProcess:
     client for a certificate signed by its CA (mutual TLS). Persistence is off: a restart
     forgets retained messages.
     """
+
+    name = "mosquitto"
+    start_timeout_s = 5.0
+    stop_timeout_s = 5.0
+    poll_interval_s = 0.02
 
     def __init__(
         self,
@@ -192,19 +201,11 @@ class MosquittoProcess:
         tls: bool | TlsFiles = False,
         require_certificate: bool = False,
     ) -> None:
-        if not MOSQUITTO.exists():
-            pytest.fail(
-                f"{MOSQUITTO} is missing: the MQTT tests need a real Mosquitto "
-                "(apt-get install mosquitto; .ci/run installs it)",
-                pytrace=False,
-            )
-        self.host = host
-        self.port = port if port is not None else free_port(host)
-        self.workdir = workdir
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = workdir / "mosquitto.log"
+        require_binary(
+            MOSQUITTO, needed_by="the MQTT tests need a real Mosquitto", package="mosquitto"
+        )
+        super().__init__(workdir, host=host, port=port)
         self.conf_path = workdir / "mosquitto.conf"
-        self._process: subprocess.Popen[bytes] | None = None
         if require_certificate and tls is False:
             msg = "require_certificate needs a TLS listener (tls=True)"
             raise ValueError(msg)
@@ -221,11 +222,6 @@ class MosquittoProcess:
         """``mqtt://host:port``, or ``mqtts://host:port`` with TLS."""
         scheme = "mqtts" if self.tls is not None else "mqtt"
         return f"{scheme}://{self.host}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        """Whether the broker process is alive."""
-        return self._process is not None and self._process.poll() is None
 
     def _write_config(self, users: Mapping[str, str] | None, *, require_certificate: bool) -> None:
         lines = [
@@ -264,63 +260,13 @@ class MosquittoProcess:
             lines.append("allow_anonymous true")
         self.conf_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
-    def start(self) -> None:
-        """Start the broker (again, on the same port) and wait until it accepts TCP."""
-        if self.running:
-            return
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                [str(MOSQUITTO), "-c", str(self.conf_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                pytest.fail(
-                    f"mosquitto exited with {self._process.returncode}:\n{self.log_tail()}",
-                    pytrace=False,
-                )
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection((self.host, self.port), timeout=0.2),
-            ):
-                return
-            time.sleep(0.02)
-        self.kill()
-        pytest.fail(
-            f"mosquitto did not listen on {self.host}:{self.port} within "
-            f"{_START_TIMEOUT_S} s:\n{self.log_tail()}",
-            pytrace=False,
-        )
+    def _argv(self) -> list[str]:
+        return [str(MOSQUITTO), "-c", str(self.conf_path)]
 
-    def stop(self) -> None:
-        """SIGTERM and wait: a clean broker shutdown."""
-        self._end(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """SIGKILL and wait: the broker vanishes without a word."""
-        self._end(signal.SIGKILL)
-
-    def _end(self, sig: signal.Signals) -> None:
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(sig)
-        try:
-            process.wait(timeout=_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=_STOP_TIMEOUT_S)
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the broker's log, for failure messages."""
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+    def _ready(self) -> bool:
+        """Whether the broker accepts TCP connections."""
+        with socket.create_connection((self.host, self.port), timeout=0.2):
+            return True
 
 
 MosquittoFactory = Callable[..., MosquittoProcess]

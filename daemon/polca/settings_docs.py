@@ -73,21 +73,71 @@ def _default(field: Any) -> str:
     return f"`{value}`"
 
 
+def _group_table(group_name: str, model: type[BaseModel], *, env: bool = True) -> list[str]:
+    doc = (model.__doc__ or "").strip().splitlines()[0]
+    lines = [f"\n### `{group_name}`: {doc}\n"]
+    lines.append(
+        "| key | environment variable | default | meaning |"
+        if env
+        else "| key | default | meaning |"
+    )
+    lines.append("|---|---|---|---|" if env else "|---|---|---|")
+    for key, field in model.model_fields.items():
+        desc = (field.description or "").replace("|", "\\|")
+        if env:
+            var = f"POLCA_{group_name.upper()}__{key.upper()}"
+            lines.append(f"| `{group_name}.{key}` | `{var}` | {_default(field)} | {desc} |")
+        else:
+            lines.append(f"| `{key}` | {_default(field)} | {desc} |")
+    return lines
+
+
+def _settings_tables(settings: type[BaseModel]) -> list[str]:
+    lines: list[str] = []
+    scalars = []
+    for name, field in settings.model_fields.items():
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            lines.extend(_group_table(name, model))
+        else:
+            scalars.append((name, field))
+    if scalars:
+        top = [
+            "\n### top-level keys\n",
+            "| key | environment variable | default | meaning |",
+            "|---|---|---|---|",
+        ]
+        for name, field in scalars:
+            desc = (field.description or "").replace("|", "\\|")
+            top.append(f"| `{name}` | `POLCA_{name.upper()}` | {_default(field)} | {desc} |")
+        lines = top + lines
+    return lines
+
+
 def render() -> str:
     """The Markdown reference of every setting, with its environment variable and default."""
-    lines = [_HEADER]
-    for group_name, group_field in Settings.model_fields.items():
-        model = group_field.annotation
-        assert isinstance(model, type)  # noqa: S101 - every field is a settings group
-        assert issubclass(model, BaseModel)  # noqa: S101
-        doc = (model.__doc__ or "").strip().splitlines()[0]
-        lines.append(f"\n## `{group_name}`: {doc}\n")
-        lines.append("| key | environment variable | default | meaning |")
-        lines.append("|---|---|---|---|")
-        for key, field in model.model_fields.items():
-            env = f"POLCA_{group_name.upper()}__{key.upper()}"
-            desc = (field.description or "").replace("|", "\\|")
-            lines.append(f"| `{group_name}.{key}` | `{env}` | {_default(field)} | {desc} |")
+    from polca.aggregator.config import (  # noqa: PLC0415 - the docs cover both daemons
+        AggregatorSettings,
+        NodeSpec,
+        RackSpec,
+        RowSpec,
+    )
+
+    lines = [_HEADER, "\n## Node agent (`polca agent`)"]
+    lines.extend(_settings_tables(Settings))
+    lines.append("\n## Aggregator (`polca aggregator`)")
+    lines.append(
+        "\nThe same sources and secret rules apply; the InfluxDB token comes from "
+        "`POLCA_INFLUX__TOKEN`, `influx.token_file` or the `influx_token` credential, never "
+        "from the YAML file. `rows` is the topology (see `deploy/aggregator.example.yaml`)."
+    )
+    lines.extend(_settings_tables(AggregatorSettings))
+    for name, model in (
+        ("rows[]", RowSpec),
+        ("rows[].racks[]", RackSpec),
+        ("rows[].racks[].nodes[]", NodeSpec),
+    ):
+        lines.extend(_group_table(name, model, env=False))
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import InfluxDb1
+from tests.tsdb import InfluxDB1Process
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -248,7 +248,7 @@ def _group_by_tags(influxql: str) -> list[str]:
     return re.findall(r'"(\w+)"', clauses[-1])
 
 
-def check_query(server: InfluxDb1, query: str, variables: Mapping[str, list[str]]) -> list[str]:
+def check_query(server: InfluxDB1Process, query: str, variables: Mapping[str, list[str]]) -> list[str]:
     """Problems with one dashboard query on ``server``; empty when every column has data.
 
     A problem is: a macro or variable left unsubstituted, an error from InfluxDB, no series
@@ -259,7 +259,7 @@ def check_query(server: InfluxDb1, query: str, variables: Mapping[str, list[str]
     influxql = render(query, variables)
     if _LEFTOVER_RE.search(influxql):
         return [f"unsubstituted macro or variable in: {influxql}"]
-    answer = server.query(influxql)
+    answer = server.query_raw(influxql)
     if "error" in answer:
         return [f"InfluxDB error {answer['error']!r} for: {influxql}"]
     empty = (None, 0) if "GROUP BY time(" in influxql else (None,)
@@ -284,11 +284,11 @@ def check_query(server: InfluxDb1, query: str, variables: Mapping[str, list[str]
     return problems
 
 
-def resolve_variables(server: InfluxDb1, board: Mapping[str, Any]) -> dict[str, list[str]]:
+def resolve_variables(server: InfluxDB1Process, board: Mapping[str, Any]) -> dict[str, list[str]]:
     """Run the template variable queries in order, as Grafana refreshes them; all values."""
     values: dict[str, list[str]] = {}
     for variable in board["templating"]["list"]:
-        answer = server.query(render(variable["query"], values))
+        answer = server.query_raw(render(variable["query"], values))
         found = [
             row[1]
             for result in answer.get("results", [])
@@ -595,16 +595,16 @@ def _aggregator_lines(t: int, ts_ms: int, counters: _Counters, *, points: int) -
 
 
 @pytest.fixture(scope="module")
-def simulated_run(grafana_influxdb: InfluxDb1) -> InfluxDb1:
+def simulated_run(grafana_influxdb: InfluxDB1Process) -> InfluxDB1Process:
     """The module's InfluxDB with a 120 s simulated run ending now."""
-    grafana_influxdb.write(make_run(math.floor(time.time() * 1000)))
+    grafana_influxdb.write("\n".join(make_run(math.floor(time.time() * 1000))).encode())
     return grafana_influxdb
 
 
 # --- every query against the simulated run -----------------------------------------------------
 
 
-def test_every_template_variable_finds_values(simulated_run: InfluxDb1) -> None:
+def test_every_template_variable_finds_values(simulated_run: InfluxDB1Process) -> None:
     """Each variable query, with the variables before it substituted, returns tag values."""
     for name, board in _dashboards().items():
         values = resolve_variables(simulated_run, board)
@@ -615,7 +615,7 @@ def test_every_template_variable_finds_values(simulated_run: InfluxDb1) -> None:
             assert values["node"] == sorted(NODES), name
 
 
-def test_every_panel_query_returns_data(simulated_run: InfluxDb1) -> None:
+def test_every_panel_query_returns_data(simulated_run: InfluxDB1Process) -> None:
     """Every panel target runs on InfluxDB 1.x and fills every column it selects."""
     checked = 0
     problems: list[str] = []
@@ -630,7 +630,7 @@ def test_every_panel_query_returns_data(simulated_run: InfluxDb1) -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_every_annotation_query_returns_events(simulated_run: InfluxDb1) -> None:
+def test_every_annotation_query_returns_events(simulated_run: InfluxDB1Process) -> None:
     """The level-change and fault annotations find their events, with the text column."""
     for name, board in _dashboards().items():
         variables = resolve_variables(simulated_run, board)
@@ -638,12 +638,12 @@ def test_every_annotation_query_returns_events(simulated_run: InfluxDb1) -> None
         assert queries, f"{name} has no InfluxDB annotation"
         for query in queries:
             assert check_query(simulated_run, query.text, variables) == [], query.where
-        level_changes = simulated_run.query(render(queries[0].text, variables))
+        level_changes = simulated_run.query_raw(render(queries[0].text, variables))
         texts = [row[1] for row in level_changes["results"][0]["series"][0]["values"]]
         assert len(texts) == len(LEVEL_STEPS) - 1, texts
 
 
-def test_checker_reports_unknown_field(simulated_run: InfluxDb1) -> None:
+def test_checker_reports_unknown_field(simulated_run: InfluxDB1Process) -> None:
     """A query on a field that does not exist is reported as returning no data."""
     variables = {"site": [SITE], "row": [ROW]}
     query = (
@@ -655,7 +655,7 @@ def test_checker_reports_unknown_field(simulated_run: InfluxDb1) -> None:
     ]
 
 
-def test_checker_reports_broken_queries(simulated_run: InfluxDb1) -> None:
+def test_checker_reports_broken_queries(simulated_run: InfluxDB1Process) -> None:
     """A misspelt field or tag, a mask that never matches, bad InfluxQL, a stray variable."""
     variables = {"site": [SITE], "row": [ROW]}
     cases = {

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.deploy.conftest import InfluxDb1
+from tests.tsdb import InfluxDB1Process
 from tests.deploy.test_grafana import _dashboards, _panels, check_query, resolve_variables
 
 # Panels a healthy run must fill (faults such as lost GPUs or dropped messages need their
@@ -21,7 +21,7 @@ CORE_PANELS = {
 NOT_IN_DEMO = ("measured",)
 
 
-def test_core_panels_show_a_live_demo_run(grafana_influxdb: InfluxDb1, tmp_path: Path) -> None:
+def test_core_panels_show_a_live_demo_run(grafana_influxdb: InfluxDB1Process, tmp_path: Path) -> None:
     """A 2x2-node demo written through the aggregator's sink fills the core panels."""
     result = subprocess.run(
         [

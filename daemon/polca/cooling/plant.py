@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from polca.gpu.loads import MASK64, mix64
 from polca.telemetry.schema import CduTelemetry, CoolantConnector, LeakDetector, Pump
 
 __all__ = [
@@ -88,7 +89,7 @@ TEMP_NOISE_C = 0.1  # sensor noise, one standard deviation
 FLOW_NOISE_FRACTION = 0.004  # of the design flow
 PRESSURE_NOISE_KPA = 0.5
 VALVE_NOISE_PCT = 0.3
-NOISE_CLIP_SIGMA = 3.0  # noise is bounded: no reading strays beyond 3 sigma
+NOISE_CLIP_SIGMA = 3.0  # noise is bounded: no reading strays beyond 3 sigma (see sample)
 
 SENSORS: tuple[str, ...] = (
     "secondary.supply_temp_c",
@@ -233,31 +234,35 @@ class CduSample:
     telemetry_lost: bool = False
 
     def to_telemetry(self) -> CduTelemetry:
-        """The wire message of this reading (validated)."""
+        """The wire message of this reading (validated), rounded to sensor resolution.
+
+        Temperatures, flows and pressures to 0.01, heat to 0.001 kW, percentages to 0.1.
+        """
         return CduTelemetry(
             ts_ns=self.ts_ns,
             cdu=self.cdu,
             loop=self.loop,
             secondary=CoolantConnector(
-                supply_temp_c=self.supply_temp_c,
-                return_temp_c=self.return_temp_c,
-                flow_lpm=self.flow_lpm,
-                delta_pressure_kpa=self.delta_pressure_kpa,
-                heat_removed_kw=self.heat_removed_kw,
+                supply_temp_c=round(self.supply_temp_c, 2),
+                return_temp_c=round(self.return_temp_c, 2),
+                flow_lpm=round(self.flow_lpm, 2),
+                delta_pressure_kpa=round(self.delta_pressure_kpa, 2),
+                heat_removed_kw=round(self.heat_removed_kw, 3),
             ),
             primary=CoolantConnector(
-                supply_temp_c=self.primary_supply_temp_c,
-                return_temp_c=self.primary_return_temp_c,
-                flow_lpm=self.primary_flow_lpm,
-                heat_removed_kw=self.primary_heat_removed_kw,
+                supply_temp_c=round(self.primary_supply_temp_c, 2),
+                return_temp_c=round(self.primary_return_temp_c, 2),
+                flow_lpm=round(self.primary_flow_lpm, 2),
+                heat_removed_kw=round(self.primary_heat_removed_kw, 3),
             ),
             pumps=tuple(
-                Pump(name=name, state=state, speed_pct=speed) for name, state, speed in self.pumps
+                Pump(name=name, state=state, speed_pct=round(speed, 1))
+                for name, state, speed in self.pumps
             ),
             leak_detectors=tuple(
                 LeakDetector(name=name, state=state) for name, state in self.leak_detectors
             ),
-            valve_position_pct=self.valve_position_pct,
+            valve_position_pct=round(self.valve_position_pct, 1),
             status=self.status,
         )
 
@@ -598,37 +603,50 @@ class SimulatedCdu:
         """Advance to ``now_s`` (default: the clock) and read every sensor."""
         t = self._advance(now_s)
         r = self.ratings
-        sup = self._sense("secondary.supply_temp_c", self._supply_c, TEMP_NOISE_C, t)
-        ret = self._sense("secondary.return_temp_c", self._return_c, TEMP_NOISE_C, t)
-        flow = max(
-            0.0,
-            self._sense(
-                "secondary.flow_lpm", self._flow_lpm, FLOW_NOISE_FRACTION * r.design_flow_lpm, t
-            ),
-        )
-        dp = self._sense("secondary.delta_pressure_kpa", self._delta_p_kpa(), PRESSURE_NOISE_KPA, t)
+        flow_sigma = FLOW_NOISE_FRACTION * r.design_flow_lpm
         fw_c, p_ret_c, p_flow, valve = self._primary(t)
-        p_sup = self._sense("primary.supply_temp_c", fw_c, TEMP_NOISE_C, t)
-        p_ret = self._sense("primary.return_temp_c", p_ret_c, TEMP_NOISE_C, t)
-        p_flw = max(
-            0.0,
-            self._sense("primary.flow_lpm", p_flow, FLOW_NOISE_FRACTION * r.design_flow_lpm, t),
-        )
-        valve_pct = min(
-            100.0, max(0.0, self._sense("valve_position_pct", valve, VALVE_NOISE_PCT, t))
-        )
-        last = self._last
-        last["secondary.supply_temp_c"] = sup
-        last["secondary.return_temp_c"] = ret
-        last["secondary.flow_lpm"] = flow
-        last["secondary.delta_pressure_kpa"] = dp
-        last["primary.supply_temp_c"] = p_sup
-        last["primary.return_temp_c"] = p_ret
-        last["primary.flow_lpm"] = p_flw
-        last["valve_position_pct"] = valve_pct
+        values = [
+            self._supply_c,
+            self._return_c,
+            self._flow_lpm,
+            self._delta_p_kpa(),
+            fw_c,
+            p_ret_c,
+            p_flow,
+            valve,
+        ]
+        # Bounded noise: the sum of three uniforms (Irwin-Hall), scaled to one sigma, is
+        # bell-shaped, cheap and never beyond NOISE_CLIP_SIGMA = 3 sigma.
+        rand = self._rng.random
+        for i, sigma in enumerate(
+            (
+                TEMP_NOISE_C,
+                TEMP_NOISE_C,
+                flow_sigma,
+                PRESSURE_NOISE_KPA,
+                TEMP_NOISE_C,
+                TEMP_NOISE_C,
+                flow_sigma,
+                VALVE_NOISE_PCT,
+            )
+        ):
+            values[i] += (rand() + rand() + rand() - 1.5) * 2.0 * sigma
+        if self._drift or self._stuck:
+            for i, sensor in enumerate(SENSORS):
+                drift = self._drift.get(sensor)
+                if drift is not None:
+                    values[i] += drift[0] * (t - drift[1])
+                stuck = self._stuck.get(sensor)
+                if stuck is not None:
+                    values[i] = stuck
+        sup, ret, flow, dp, p_sup, p_ret, p_flw, valve_pct = values
+        flow = max(0.0, flow)
+        p_flw = max(0.0, p_flw)
+        valve_pct = min(100.0, max(0.0, valve_pct))
+        self._last = dict(zip(SENSORS, (sup, ret, flow, dp, p_sup, p_ret, p_flw, valve_pct)))
         leaks = self._leak_states(t)
         pumps = tuple(
-            (name, state, round(speed * 100.0, 1) if state == "running" else 0.0)
+            (name, state, speed * 100.0 if state == "running" else 0.0)
             for name, state, speed in zip(
                 self._pump_names, self._pump_states, self._pump_speeds, strict=True
             )
@@ -639,17 +657,17 @@ class SimulatedCdu:
             cdu=self.name,
             loop=self.loop,
             heat_input_kw=self._heat_kw,
-            supply_temp_c=round(sup, 3),
-            return_temp_c=round(ret, 3),
-            flow_lpm=round(flow, 2),
-            delta_pressure_kpa=round(dp, 2),
+            supply_temp_c=sup,
+            return_temp_c=ret,
+            flow_lpm=flow,
+            delta_pressure_kpa=dp,
             # A CDU computes its heat figure from its own sensors, faulty or not.
-            heat_removed_kw=round(heat_flow_kw(flow, ret - sup), 3),
-            primary_supply_temp_c=round(p_sup, 3),
-            primary_return_temp_c=round(p_ret, 3),
-            primary_flow_lpm=round(p_flw, 2),
-            primary_heat_removed_kw=round(heat_flow_kw(p_flw, p_ret - p_sup), 3),
-            valve_position_pct=round(valve_pct, 1),
+            heat_removed_kw=heat_flow_kw(flow, ret - sup),
+            primary_supply_temp_c=p_sup,
+            primary_return_temp_c=p_ret,
+            primary_flow_lpm=p_flw,
+            primary_heat_removed_kw=heat_flow_kw(p_flw, p_ret - p_sup),
+            valve_position_pct=valve_pct,
             pumps=pumps,
             leak_detectors=leaks,
             status=self._status(leaks),
@@ -803,18 +821,6 @@ class SimulatedCdu:
             "valve_position_pct": valve,
         }
 
-    def _sense(self, sensor: str, value: float, sigma: float, t: float) -> float:
-        """A sensor reading: truth + bounded noise + drift, or the frozen value."""
-        bound = NOISE_CLIP_SIGMA * sigma
-        noise = min(bound, max(-bound, self._rng.gauss(0.0, sigma)))  # drawn even if stuck
-        stuck = self._stuck.get(sensor)
-        if stuck is not None:
-            return stuck
-        drift = self._drift.get(sensor)
-        if drift is not None:
-            value += drift[0] * (t - drift[1])
-        return value + noise
-
     def _leak_states(self, t: float) -> tuple[tuple[str, LeakState], ...]:
         states: list[tuple[str, LeakState]] = []
         for i, name in enumerate(self._leak_names):
@@ -828,8 +834,9 @@ class SimulatedCdu:
         return tuple(states)
 
     def _status(self, leaks: tuple[tuple[str, LeakState], ...]) -> Health:
-        """The CDU's own summary: critical on a critical leak or no pump running."""
-        if any(state == "critical" for _, state in leaks) or self._running_count() == 0:
+        """The CDU's own summary: critical on a critical leak or no pump left to run."""
+        no_pump = self._running_count() == 0 and self._failover_at_s is None
+        if no_pump or any(state == "critical" for _, state in leaks):
             return "critical"
         if (
             any(state == "warning" for _, state in leaks)
@@ -876,7 +883,7 @@ class DiurnalLoad:
         swing = 0.5 - 0.5 * math.cos(phase)  # 0 at 04:00, 1 at 16:00
         mid = self.low_fraction + (self.high_fraction - self.low_fraction) * swing
         slot = int(t_s // self.step_s)
-        jitter = random.Random(self.seed * 1_000_003 + slot).uniform(-1.0, 1.0)  # noqa: S311
+        jitter = mix64((self.seed << 32) ^ slot) / MASK64 * 2.0 - 1.0
         fraction = mid + self.jitter_fraction * jitter
         lo, hi = self.low_fraction - self.jitter_fraction, self.high_fraction
         return self.capacity_kw * min(hi, max(lo, fraction))
