@@ -99,7 +99,7 @@ async def aggregator_rate(host: str, port: int, count: int, workdir: Path) -> di
     )
     aggregator = Aggregator(settings)
     task = asyncio.create_task(aggregator.run())
-    while aggregator.bus is None or not aggregator.bus.connected.is_set():
+    while aggregator.bus is None or not aggregator.bus.connected.is_set():  # noqa: ASYNC110
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.5)
     before = aggregator.intake.messages_in
