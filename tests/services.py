@@ -21,8 +21,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import pytest
 
@@ -140,3 +141,16 @@ class ServiceProcess:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+_Service = TypeVar("_Service", bound=ServiceProcess)
+
+
+def started(process: _Service) -> Iterator[_Service]:
+    """Start ``process``, yield it, then kill it: the body of a per-test service fixture.
+
+    Use as ``yield from started(SomeProcess(tmp_path / "name"))``.
+    """
+    process.start()
+    yield process
+    process.kill()

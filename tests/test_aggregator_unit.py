@@ -1,6 +1,7 @@
 """polca-aggregator.service: no privilege, a comment on every directive, systemd's own checks.
 
-Mirrors ``test_systemd_unit.py`` (the agent's unit) and reuses its parser and runners.
+Mirrors ``test_systemd_unit.py`` (the agent's unit), with the same parser and
+``systemd-analyze`` runs (``tests/systemd_units.py``).
 ``systemd-analyze`` must be installed (Debian package ``systemd``); these tests fail, not
 skip, without it.
 """
@@ -17,7 +18,16 @@ import yaml
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.sink import resolve_token
 from polca.settings import load_settings_as
-from tests.test_systemd_unit import Unit, _parse_unit, _run, _systemd_analyze
+from tests.systemd_units import (
+    CONTAINER_NOISE,
+    Unit,
+    directive_count,
+    exposure,
+    parse_unit,
+    trailing_comments,
+    uncommented_directives,
+    verify,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "polca-aggregator.service"
@@ -32,48 +42,14 @@ MAX_EXPOSURE = 2.0
 # After=/Wants= that do not exist here, and probes that fail in containers.
 _HOST_NOISE = (
     re.compile(r"(network-online\.target|mosquitto\.service|influxdb\.service)"),
-    re.compile(r"Failed to read \$container|PR_SET_MM_|Cannot stat .*/transient"),
+    CONTAINER_NOISE,
 )
 
 
 @pytest.fixture(scope="module")
 def unit() -> Unit:
     """The parsed unit file."""
-    return _parse_unit(UNIT.read_text(encoding="utf-8"))
-
-
-def _verifiable_copy(tmp_path: Path, text: str) -> Path:
-    """The unit with ExecStart= pointing at an existing binary, as verify checks that."""
-    rewritten, count = re.subn(r"(?m)^ExecStart=\S+", "ExecStart=/bin/true", text)
-    assert count == 1
-    path = tmp_path / UNIT.name
-    path.write_text(rewritten, encoding="utf-8")
-    return path
-
-
-def _verify(tmp_path: Path, text: str) -> tuple[int, list[str]]:
-    """systemd-analyze verify's exit status and the lines it printed about the unit."""
-    analyze = _systemd_analyze()
-    path = _verifiable_copy(tmp_path, text)
-    result = _run([analyze, "verify", "--man=no", "--recursive-errors=no", path.name], tmp_path)
-    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-    return result.returncode, [
-        line for line in lines if not any(p.search(line) for p in _HOST_NOISE)
-    ]
-
-
-def _exposure(path: Path) -> float:
-    """systemd-analyze security's overall exposure score of a unit file (offline)."""
-    analyze = _systemd_analyze()
-    help_text = _run([analyze, "security", "--help"], ROOT).stdout
-    if "--offline" not in help_text:
-        pytest.skip("this systemd-analyze has no offline security review (needs systemd >= 250)")
-    result = _run([analyze, "security", "--offline=true", str(path)], ROOT)
-    match = re.search(
-        rf"Overall exposure level for {re.escape(path.name)}: ([0-9.]+)", result.stdout
-    )
-    assert match is not None, result.stdout + result.stderr
-    return float(match.group(1))
+    return parse_unit(UNIT.read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize(
@@ -154,20 +130,14 @@ def test_has_no_privilege(unit: Unit) -> None:
 
 def test_every_directive_has_a_comment_above() -> None:
     """Every KEY=value line directly follows a comment line (systemd has no trailing comments)."""
-    lines = UNIT.read_text(encoding="utf-8").splitlines()
-    uncommented = [
-        f"{number}: {line}"
-        for number, (previous, line) in enumerate(zip(["", *lines], lines, strict=False), 1)
-        if re.match(r"^[A-Za-z]+=", line) and not previous.lstrip().startswith("#")
-    ]
-    assert uncommented == []
-    assert sum(1 for line in lines if re.match(r"^[A-Za-z]+=", line)) >= 45
+    text = UNIT.read_text(encoding="utf-8")
+    assert uncommented_directives(text) == []
+    assert directive_count(text) >= 45
 
 
 def test_no_trailing_comments_on_directive_lines() -> None:
     """systemd would take a trailing '# ...' as part of the value."""
-    lines = UNIT.read_text(encoding="utf-8").splitlines()
-    assert [line for line in lines if "=" in line and " #" in line.split("=", 1)[1]] == []
+    assert trailing_comments(UNIT.read_text(encoding="utf-8")) == []
 
 
 def test_credential_names_are_what_the_aggregator_reads(
@@ -209,7 +179,8 @@ def test_example_spool_is_in_the_state_directory(unit: Unit) -> None:
 
 def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
     """systemd-analyze verify reports no problem with the unit (ExecStart= made to exist)."""
-    assert _verify(tmp_path, UNIT.read_text(encoding="utf-8")) == (0, [])
+    text = UNIT.read_text(encoding="utf-8")
+    assert verify(tmp_path, UNIT.name, text, host_noise=_HOST_NOISE) == (0, [])
 
 
 def test_systemd_analyze_verify_catches_mistakes(tmp_path: Path) -> None:
@@ -217,14 +188,14 @@ def test_systemd_analyze_verify_catches_mistakes(tmp_path: Path) -> None:
     text = UNIT.read_text(encoding="utf-8")
     text = text.replace("DynamicUser=yes", "DynamicUsr=yes")
     text = text.replace("ProtectProc=invisible", "ProtectProc=hidden-ish")
-    _, problems = _verify(tmp_path, text)
+    _, problems = verify(tmp_path, UNIT.name, text, host_noise=_HOST_NOISE)
     assert "DynamicUsr" in "\n".join(problems)
     assert "/proc/ protection mode" in "\n".join(problems)
 
 
 def test_security_exposure_is_below_the_agents() -> None:
     """systemd-analyze security --offline scores the sandbox below MAX_EXPOSURE and the agent."""
-    exposure = _exposure(UNIT)
-    assert exposure < MAX_EXPOSURE, f"exposure {exposure} >= {MAX_EXPOSURE}"
-    agent = _exposure(AGENT_UNIT)
-    assert exposure < agent, f"aggregator {exposure} >= agent {agent}"
+    score = exposure(UNIT)
+    assert score < MAX_EXPOSURE, f"exposure {score} >= {MAX_EXPOSURE}"
+    agent = exposure(AGENT_UNIT)
+    assert score < agent, f"aggregator {score} >= agent {agent}"

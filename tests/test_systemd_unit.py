@@ -1,20 +1,29 @@
 """polca-agent.service: key directives, a comment on every directive, systemd's own checks.
 
 ``systemd-analyze`` must be installed (Debian package ``systemd``); these tests fail, not
-skip, without it, so CI cannot silently stop checking the unit.
+skip, without it, so CI cannot silently stop checking the unit. The parser and the
+``systemd-analyze`` runs are ``tests/systemd_units.py``, shared with the aggregator's unit.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from polca.settings import Settings, load_settings
+from tests.systemd_units import (
+    CONTAINER_NOISE,
+    Unit,
+    directive_count,
+    exposure,
+    parse_unit,
+    trailing_comments,
+    uncommented_directives,
+    verify,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "polca-agent.service"
@@ -23,79 +32,19 @@ ENV_EXAMPLE = ROOT / "systemd" / "polca-agent.env.example"
 # systemd's overall exposure score (0 = locked down, 10 = unprotected) must stay below this.
 MAX_EXPOSURE = 3.0
 
-Unit = dict[str, dict[str, list[str]]]
-
-
-def _parse_unit(text: str) -> Unit:
-    """Sections -> key -> every value in order (unit files repeat keys, e.g. DeviceAllow=)."""
-    unit: Unit = {}
-    section: dict[str, list[str]] | None = None
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        assert not line.endswith("\\"), f"line {number}: continuation lines are not parsed"
-        if line.startswith("[") and line.endswith("]"):
-            section = unit.setdefault(line[1:-1], {})
-            continue
-        assert section is not None, f"line {number}: directive outside a section"
-        key, sep, value = line.partition("=")
-        assert sep, f"line {number}: not a KEY=value line: {raw!r}"
-        section.setdefault(key.strip(), []).append(value.strip())
-    return unit
-
-
-@pytest.fixture(scope="module")
-def unit() -> Unit:
-    """The parsed unit file."""
-    return _parse_unit(UNIT.read_text(encoding="utf-8"))
-
-
-def _systemd_analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    if path is None:
-        pytest.fail(
-            "systemd-analyze not found: install it with `apt-get install systemd` "
-            "(the unit file is checked by systemd itself)"
-        )
-    return path
-
-
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    # Warnings and errors only, no colours, on the console; no man page lookups.
-    env = {
-        **os.environ,
-        "SYSTEMD_LOG_LEVEL": "warning",
-        "SYSTEMD_LOG_COLOR": "0",
-        "SYSTEMD_LOG_TARGET": "console",
-        "SYSTEMD_PAGER": "",
-    }
-    return subprocess.run(
-        argv, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-    )
-
-
-def _verifiable_copy(tmp_path: Path, text: str) -> Path:
-    """The unit with ExecStart= pointing at an existing binary, as verify checks that."""
-    rewritten, count = re.subn(r"(?m)^ExecStart=\S+", "ExecStart=/bin/true", text)
-    assert count == 1
-    path = tmp_path / UNIT.name
-    path.write_text(rewritten, encoding="utf-8")
-    return path
-
-
 # Lines systemd-analyze may print about the host rather than the unit: units named in
 # After=/Wants= that do not exist without a GPU driver, and probes that fail in containers.
 _HOST_NOISE = (
     re.compile(r"nvidia-persistenced\.service"),
     re.compile(r"network-online\.target"),
-    re.compile(r"Failed to read \$container|PR_SET_MM_|Cannot stat .*/transient"),
+    CONTAINER_NOISE,
 )
 
 
-def _verify_problems(output: str) -> list[str]:
-    lines = [line for line in output.splitlines() if line.strip()]
-    return [line for line in lines if not any(p.search(line) for p in _HOST_NOISE)]
+@pytest.fixture(scope="module")
+def unit() -> Unit:
+    """The parsed unit file."""
+    return parse_unit(UNIT.read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize(
@@ -166,20 +115,14 @@ def test_runs_as_root_without_ambient_capabilities(unit: Unit) -> None:
 
 def test_every_directive_has_a_comment_above() -> None:
     """Every KEY=value line directly follows a comment line (systemd has no trailing comments)."""
-    lines = UNIT.read_text(encoding="utf-8").splitlines()
-    uncommented = [
-        f"{number}: {line}"
-        for number, (previous, line) in enumerate(zip(["", *lines], lines, strict=False), 1)
-        if re.match(r"^[A-Za-z]+=", line) and not previous.lstrip().startswith("#")
-    ]
-    assert uncommented == []
-    assert sum(1 for line in lines if re.match(r"^[A-Za-z]+=", line)) >= 40
+    text = UNIT.read_text(encoding="utf-8")
+    assert uncommented_directives(text) == []
+    assert directive_count(text) >= 40
 
 
 def test_no_trailing_comments_on_directive_lines() -> None:
     """systemd would take a trailing '# ...' as part of the value."""
-    lines = UNIT.read_text(encoding="utf-8").splitlines()
-    assert [line for line in lines if "=" in line and " #" in line.split("=", 1)[1]] == []
+    assert trailing_comments(UNIT.read_text(encoding="utf-8")) == []
 
 
 def test_stop_timeout_exceeds_restore_bound(unit: Unit) -> None:
@@ -243,34 +186,21 @@ def test_env_example_sets_nothing_by_default() -> None:
 
 def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
     """systemd-analyze verify reports no problem with the unit (ExecStart= made to exist)."""
-    analyze = _systemd_analyze()
-    path = _verifiable_copy(tmp_path, UNIT.read_text(encoding="utf-8"))
-    result = _run([analyze, "verify", "--man=no", "--recursive-errors=no", path.name], tmp_path)
-    problems = _verify_problems(result.stdout + result.stderr)
-    assert (result.returncode, problems) == (0, [])
+    text = UNIT.read_text(encoding="utf-8")
+    assert verify(tmp_path, UNIT.name, text, host_noise=_HOST_NOISE) == (0, [])
 
 
 def test_systemd_analyze_verify_catches_mistakes(tmp_path: Path) -> None:
     """The verify check is real: a misspelt key and a bad value are reported."""
-    analyze = _systemd_analyze()
     text = UNIT.read_text(encoding="utf-8")
     text = text.replace("NoNewPrivileges=yes", "NoNewPrivilegs=yes")
     text = text.replace("DevicePolicy=closed", "DevicePolicy=shut")
-    path = _verifiable_copy(tmp_path, text)
-    result = _run([analyze, "verify", "--man=no", "--recursive-errors=no", path.name], tmp_path)
-    problems = "\n".join(_verify_problems(result.stdout + result.stderr))
-    assert "NoNewPrivilegs" in problems
-    assert "device policy" in problems
+    _, problems = verify(tmp_path, UNIT.name, text, host_noise=_HOST_NOISE)
+    assert "NoNewPrivilegs" in "\n".join(problems)
+    assert "device policy" in "\n".join(problems)
 
 
 def test_security_exposure_is_low() -> None:
     """systemd-analyze security --offline scores the sandbox below MAX_EXPOSURE."""
-    analyze = _systemd_analyze()
-    help_text = _run([analyze, "security", "--help"], ROOT).stdout
-    if "--offline" not in help_text:
-        pytest.skip("this systemd-analyze has no offline security review (needs systemd >= 250)")
-    result = _run([analyze, "security", "--offline=true", str(UNIT)], ROOT)
-    match = re.search(r"Overall exposure level for polca-agent\.service: ([0-9.]+)", result.stdout)
-    assert match is not None, result.stdout + result.stderr
-    exposure = float(match.group(1))
-    assert exposure < MAX_EXPOSURE, f"exposure {exposure} >= {MAX_EXPOSURE}"
+    score = exposure(UNIT)
+    assert score < MAX_EXPOSURE, f"exposure {score} >= {MAX_EXPOSURE}"

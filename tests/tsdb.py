@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.services import ServiceProcess, free_port, require_binary
+from tests.services import ServiceProcess, free_port, require_binary, started
 
 INFLUXD = Path("/usr/bin/influxd")
 VICTORIA_METRICS = Path("/usr/bin/victoria-metrics")
@@ -244,16 +244,10 @@ class VictoriaMetricsProcess(_HttpServiceProcess):
 @pytest.fixture
 def influxdb1(tmp_path: Path) -> Iterator[InfluxDB1Process]:
     """A running InfluxDB 1.x with a ``polca`` database on a free loopback port."""
-    process = InfluxDB1Process(tmp_path / "influxdb")
-    process.start()
-    yield process
-    process.kill()
+    yield from started(InfluxDB1Process(tmp_path / "influxdb"))
 
 
 @pytest.fixture
 def victoria_metrics(tmp_path: Path) -> Iterator[VictoriaMetricsProcess]:
     """A running VictoriaMetrics on a free loopback port."""
-    process = VictoriaMetricsProcess(tmp_path / "victoria-metrics")
-    process.start()
-    yield process
-    process.kill()
+    yield from started(VictoriaMetricsProcess(tmp_path / "victoria-metrics"))

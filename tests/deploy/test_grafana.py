@@ -248,7 +248,9 @@ def _group_by_tags(influxql: str) -> list[str]:
     return re.findall(r'"(\w+)"', clauses[-1])
 
 
-def check_query(server: InfluxDB1Process, query: str, variables: Mapping[str, list[str]]) -> list[str]:
+def check_query(
+    server: InfluxDB1Process, query: str, variables: Mapping[str, list[str]]
+) -> list[str]:
     """Problems with one dashboard query on ``server``; empty when every column has data.
 
     A problem is: a macro or variable left unsubstituted, an error from InfluxDB, no series

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tsdb import InfluxDB1Process
 from tests.deploy.test_grafana import _dashboards, _panels, check_query, resolve_variables
+from tests.tsdb import InfluxDB1Process
 
 # Panels a healthy run must fill (faults such as lost GPUs or dropped messages need their
 # own scenario: the synthetic run in test_grafana.py covers every panel).
@@ -21,7 +21,9 @@ CORE_PANELS = {
 NOT_IN_DEMO = ("measured",)
 
 
-def test_core_panels_show_a_live_demo_run(grafana_influxdb: InfluxDB1Process, tmp_path: Path) -> None:
+def test_core_panels_show_a_live_demo_run(
+    grafana_influxdb: InfluxDB1Process, tmp_path: Path
+) -> None:
     """A 2x2-node demo written through the aggregator's sink fills the core panels."""
     result = subprocess.run(
         [

@@ -1,7 +1,9 @@
 """End-to-end rig: a real ``polca agent`` process on the fake NVML library and a real broker.
 
 ``AgentProcess`` writes a settings file, starts ``python -m polca agent`` with the fake
-``libnvidia-ml.so.1`` on ``LD_LIBRARY_PATH`` and reads its JSON log lines. ``MqttProbe``
+``libnvidia-ml.so.1`` on ``LD_LIBRARY_PATH`` and reads its JSON log lines; its base
+``JsonLogProcess`` (start, signals, the JSON log) also serves the aggregator's rig
+(``aggregator_rig.py``). ``MqttProbe``
 is the test's own MQTT client (plain aiomqtt): it records what the agent publishes and
 publishes control messages as a row controller would.
 """
@@ -18,7 +20,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import aiomqtt
 import yaml
@@ -33,87 +35,68 @@ SITE, ROW, RACK, NODE = "dc1", "row1", "rack1", "node1"
 S = 1_000_000_000
 
 
-class AgentProcess:
-    """One agent process under test."""
+def mqtt_config(broker: MosquittoProcess) -> dict[str, Any]:
+    """The ``mqtt`` settings group of a process under test: ``broker``, fast reconnects."""
+    return {
+        "host": broker.host,
+        "port": broker.port,
+        "reconnect_min_s": 0.05,
+        "reconnect_max_s": 0.5,
+        "keepalive_s": 5,
+    }
 
-    def __init__(
-        self,
-        workdir: Path,
-        *,
-        fake: FakeNvml,
-        broker: MosquittoProcess,
-        policy: Path = A100_POLICY,
-        observe_only: bool = False,
-        startup_grace_s: float = 30.0,
-        extra: dict[str, Any] | None = None,
-        node: str = NODE,
-        rack: str = RACK,
-    ) -> None:
+
+class JsonLogProcess:
+    """One ``python -m polca COMMAND --config FILE`` process under test, logging JSON lines.
+
+    ``workdir`` holds its copy of the policy (``policy.yaml``, kept when it exists so a
+    restarted process sees the test's edits), its config (``COMMAND.yaml``) and its log
+    (``COMMAND.log``, appended to across restarts).
+    """
+
+    command: ClassVar[str]
+    """The ``polca`` subcommand."""
+
+    def __init__(self, workdir: Path, *, policy: Path) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.fake = fake
         self.policy_path = workdir / "policy.yaml"
         if not self.policy_path.exists():
             self.policy_path.write_text(policy.read_text(encoding="utf-8"), encoding="utf-8")
-        self.state_dir = workdir / "state"
-        self.log_path = workdir / "agent.log"
-        config: dict[str, Any] = {
-            "mqtt": {
-                "host": broker.host,
-                "port": broker.port,
-                "reconnect_min_s": 0.05,
-                "reconnect_max_s": 0.5,
-                "keepalive_s": 5,
-            },
-            "topics": {"site": SITE, "row": ROW, "rack": rack, "node": node},
-            "gpu": {"backend": "nvml"},
-            "agent": {
-                "sample_interval_s": 0.05,
-                "publish_interval_s": 0.5,
-                "policy_file": str(self.policy_path),
-                "policy_reload_debounce_s": 0.05,
-                "state_dir": str(self.state_dir),
-                "observe_only": observe_only,
-                "startup_grace_s": startup_grace_s,
-            },
-            "logging": {"level": "debug", "format": "json"},
-        }
-        for group, values in (extra or {}).items():
-            config.setdefault(group, {}).update(values)
-        self.node = node
-        self.config_path = workdir / "agent.yaml"
-        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.log_path = workdir / f"{self.command}.log"
+        self.config_path = workdir / f"{self.command}.yaml"
         self.process: subprocess.Popen[bytes] | None = None
-        self.extra_env: dict[str, str] = {}
+
+    def _write_config(self, config: dict[str, Any]) -> None:
+        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+
+    def _env(self) -> dict[str, str] | None:
+        """The process environment; None inherits the test's."""
+        return None
 
     def start(self) -> None:
-        """Start the agent process (logs go to ``agent.log``)."""
-        env = self.fake.env()
-        env.pop("NOTIFY_SOCKET", None)
-        env.pop("POLCA_CONFIG", None)
-        env.update(self.extra_env)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "polca", "agent", "--config", str(self.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=self.workdir,
-        )
-        log.close()
+        """Start the process (its output appends to the log)."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "polca", self.command, "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+                cwd=self.workdir,
+            )
 
     def signal(self, sig: signal.Signals) -> None:
-        """Send a signal to the agent."""
+        """Send a signal to the process."""
         assert self.process is not None
         self.process.send_signal(sig)
 
     def wait(self, timeout_s: float = 15.0) -> int:
-        """Wait for the agent to exit; its exit code."""
+        """Wait for the process to exit; its exit code."""
         assert self.process is not None
         return self.process.wait(timeout=timeout_s)
 
     def kill(self) -> None:
-        """SIGKILL the agent (a crash: nothing is restored)."""
+        """SIGKILL the process (a crash: nothing is restored)."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
@@ -145,7 +128,10 @@ class AgentProcess:
         timeout_s: float = 15.0,
         where: Callable[[dict[str, Any]], bool] | None = None,
     ) -> dict[str, Any]:
-        """The first log line with this event (and matching ``where``), waiting for it."""
+        """The first log line with this event (and matching ``where``), waiting for it.
+
+        Gives up early when the process has exited without writing it.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for entry in self.logs():
@@ -154,8 +140,61 @@ class AgentProcess:
             if self.process is not None and self.process.poll() is not None:
                 break
             await asyncio.sleep(0.05)
-        msg = f"no {event!r} log line within {timeout_s} s; log:\n{self.log_text()[-4000:]}"
+        msg = (
+            f"no {event!r} {self.command} log line within {timeout_s} s; "
+            f"log:\n{self.log_text()[-4000:]}"
+        )
         raise AssertionError(msg)
+
+
+class AgentProcess(JsonLogProcess):
+    """One agent process under test, on the fake NVML library."""
+
+    command = "agent"
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        fake: FakeNvml,
+        broker: MosquittoProcess,
+        policy: Path = A100_POLICY,
+        observe_only: bool = False,
+        startup_grace_s: float = 30.0,
+        extra: dict[str, Any] | None = None,
+        node: str = NODE,
+        rack: str = RACK,
+    ) -> None:
+        super().__init__(workdir, policy=policy)
+        self.fake = fake
+        self.state_dir = workdir / "state"
+        config: dict[str, Any] = {
+            "mqtt": mqtt_config(broker),
+            "topics": {"site": SITE, "row": ROW, "rack": rack, "node": node},
+            "gpu": {"backend": "nvml"},
+            "agent": {
+                "sample_interval_s": 0.05,
+                "publish_interval_s": 0.5,
+                "policy_file": str(self.policy_path),
+                "policy_reload_debounce_s": 0.05,
+                "state_dir": str(self.state_dir),
+                "observe_only": observe_only,
+                "startup_grace_s": startup_grace_s,
+            },
+            "logging": {"level": "debug", "format": "json"},
+        }
+        for group, values in (extra or {}).items():
+            config.setdefault(group, {}).update(values)
+        self.node = node
+        self._write_config(config)
+        self.extra_env: dict[str, str] = {}
+
+    def _env(self) -> dict[str, str]:
+        env = self.fake.env()
+        env.pop("NOTIFY_SOCKET", None)
+        env.pop("POLCA_CONFIG", None)
+        env.update(self.extra_env)
+        return env
 
 
 async def wait_until(

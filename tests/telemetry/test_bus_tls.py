@@ -7,9 +7,7 @@ The certificates are a throwaway PKI made once per session with the ``openssl`` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from structlog.testing import capture_logs
 from polca.settings import MqttSettings
 from polca.telemetry.bus import MqttBus, OutMessage
 from tests.mqtt_broker import MosquittoFactory, TlsFiles, make_tls_files
+from tests.telemetry.test_bus import fast_settings, running
 
 WAIT_S = 5.0
 REFUSED_WINDOW_S = 1.0  # long enough for several attempts at the test's backoff
@@ -38,30 +37,8 @@ def other_pki(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 
 
 def tls_settings(port: int, **overrides: Any) -> MqttSettings:
-    """TLS settings that reconnect quickly, for tests."""
-    values: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "port": port,
-        "tls": True,
-        "reconnect_min_s": 0.05,
-        "reconnect_max_s": 0.2,
-        "keepalive_s": 5,
-        "connect_timeout_s": 2.0,
-    }
-    values.update(overrides)
-    return MqttSettings(**values)
-
-
-@contextlib.asynccontextmanager
-async def running(bus: MqttBus) -> AsyncIterator[asyncio.Task[None]]:
-    """Run ``bus`` in a task; cancel it afterwards."""
-    task = asyncio.create_task(bus.run(), name="bus-under-test")
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    """TLS settings that reconnect quickly, for tests (``fast_settings`` with TLS on)."""
+    return fast_settings(port, **{"tls": True, **overrides})
 
 
 async def assert_round_trip(bus: MqttBus, task: asyncio.Task[None]) -> None:
@@ -108,7 +85,7 @@ async def test_round_trip_over_tls_verified_with_the_ca_file(
         client_id="node-tls",
         subscriptions=[(TOPIC, 1)],
     )
-    async with running(bus) as task:
+    async with running(bus, connect=False) as task:
         await assert_round_trip(bus, task)
 
 
@@ -124,7 +101,7 @@ async def test_mutual_tls_with_a_client_certificate(
         tls_key_file=pki.client_key,
     )
     bus = MqttBus(settings, client_id="node-mtls", subscriptions=[(TOPIC, 1)])
-    async with running(bus) as task:
+    async with running(bus, connect=False) as task:
         await assert_round_trip(bus, task)
 
 
@@ -137,7 +114,7 @@ async def test_mutual_tls_without_a_client_certificate_never_connects(
     # certificate; its refusal (an alert) only ends the wait for CONNACK, which times out.
     settings = tls_settings(broker.port, tls_ca_file=pki.ca_cert, connect_timeout_s=0.3)
     bus = MqttBus(settings, client_id="node-no-cert")
-    async with running(bus) as task:
+    async with running(bus, connect=False) as task:
         await assert_never_connects(bus, task)
         assert bus.stats.last_error is not None
 
@@ -151,7 +128,7 @@ async def test_wrong_ca_never_connects_and_reports_the_certificate_error(
         tls_settings(broker.port, tls_ca_file=other_pki.ca_cert), client_id="node-wrong-ca"
     )
     with capture_logs() as logs:
-        async with running(bus) as task:
+        async with running(bus, connect=False) as task:
             await assert_never_connects(bus, task)
     gc.collect()  # a socket paho leaked would warn here (an error), not in a later test
     last_error = bus.stats.last_error
@@ -169,7 +146,7 @@ async def test_plain_mqtt_client_cannot_use_the_tls_listener(
     """The TLS listener speaks no plain MQTT: a bus without tls never connects."""
     broker = mosquitto_factory(tls=pki)
     bus = MqttBus(tls_settings(broker.port, tls=False), client_id="node-plain")
-    async with running(bus) as task:
+    async with running(bus, connect=False) as task:
         await assert_never_connects(bus, task)
 
 
