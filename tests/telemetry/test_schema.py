@@ -87,6 +87,8 @@ def test_json_schemas_cover_every_kind() -> None:
         "PolicyBundle",
         "RowSummary",
         "CduTelemetry",
+        "CoolingLoopState",
+        "CoolingAlarm",
     }
     assert "gpus" in schemas["Telemetry"]["properties"]
     assert Telemetry.model_fields["node_gpu_power_w"].description

@@ -16,6 +16,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from polca.aggregator.cooling_config import CoolingSettings
 from polca.settings import InfluxSettings, ProcessSettings
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
@@ -118,6 +119,10 @@ class AggregatorSettings(ProcessSettings):
     rows: tuple[RowSpec, ...] = Field((), description="The rows this aggregator owns.")
     control: ControlSettings = Field(default_factory=ControlSettings)
     influx: InfluxSettings = Field(default_factory=InfluxSettings)
+    cooling: CoolingSettings = Field(
+        default_factory=CoolingSettings,
+        description="Liquid-cooling loops (one per CDU) and the racks each serves.",
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> Self:
@@ -137,4 +142,5 @@ class AggregatorSettings(ProcessSettings):
                     msg = f"node {node.name} appears twice: in {seen[node.name]} and {where}"
                     raise ValueError(msg)
                 seen[node.name] = where
+        self.cooling.check_racks({row.name: [rack.name for rack in row.racks] for row in self.rows})
         return self

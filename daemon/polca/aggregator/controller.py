@@ -53,6 +53,7 @@ class ScopeController:
     ladder: LadderState = field(default_factory=LadderState)
     seq: int = 0
     seeded_from: int | None = None
+    published_level: int = 0
 
     @property
     def scope(self) -> Literal["row", "rack"]:
@@ -64,6 +65,7 @@ class ScopeController:
         if retained.row != self.row or (retained.rack or None) != self.rack:
             return
         self.ladder = LadderState(level=retained.level, below_since_s=None)
+        self.published_level = retained.level
         self.seq = max(self.seq, retained.seq)
         self.seeded_from = retained.level
 
@@ -80,9 +82,16 @@ class ScopeController:
         observe: bool,
         trend_w_per_s: float | None,
         inputs: dict[str, Any] | None = None,
+        floor_level: int = 0,
+        floor_reason: str = "",
     ) -> ScopeDecision:
-        """Evaluate the scope once and build the control message that renews the lease."""
-        previous = self.ladder.level
+        """Evaluate the scope once and build the control message that renews the lease.
+
+        ``floor_level`` is a level forced from outside the ladder (a cooling emergency): the
+        published level is the higher of the two, and the ladder itself is not touched, so
+        when the floor drops the ordinary release rules (dwell, one step) apply.
+        """
+        previous = self.published_level
         self.ladder = next_level(
             power_w=power_w,
             budget_w=budget_w,
@@ -91,12 +100,17 @@ class ScopeController:
             now_s=now_s,
             trend_w_per_s=trend_w_per_s,
         )
-        level = self.ladder.level
+        top = len(policy.levels)
+        level = max(self.ladder.level, min(floor_level, top))
+        self.published_level = level
         self.seq += 1
         pct = 100.0 * power_w / budget_w
         thresholds = tuple(budget_w * lvl.threshold_pct / 100.0 for lvl in policy.levels)
         name = level_name(policy, level)
-        reason = _reason(policy, previous, level, pct, power_w, budget_w, trend_w_per_s)
+        if floor_level > self.ladder.level and level == floor_level:
+            reason = f"forced {name}: {floor_reason or 'external limit'}"
+        else:
+            reason = _reason(policy, previous, level, pct, power_w, budget_w, trend_w_per_s)
         control = Control(
             ts_ns=now_ns,
             scope=self.scope,
@@ -119,6 +133,8 @@ class ScopeController:
             "rack": self.rack,
             "previous_level": previous,
             "new_level": level,
+            "ladder_level": self.ladder.level,
+            "forced_level": floor_level,
             "level_name": name,
             "power_w": round(power_w, 1),
             "budget_w": round(budget_w, 1),

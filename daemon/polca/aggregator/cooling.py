@@ -13,7 +13,13 @@ Heat removed is measured as flow x density x cp x (return - supply), or the CDU'
 ``heat_removed_kw`` when it does not report all three. The heat balance compares the two
 after the same filter (``heat_balance_window_s``), the electrical side first delayed by the
 loop's lag (``heat_balance_lag_s``); it is not judged below ``min_load_kw`` or while a
-rack's power is unknown.
+rack's power is unknown, nor while flow_low (or pump_failure at critical) is active: a loop
+starved of flow stores heat rather than removing it. After each such gap (and at start) the
+filters settle for two windows before the balance is judged again. A negative error (less
+heat in the coolant than the racks put out) means a sensor reading low, or heat escaping to
+room air because the cold plates are starved (a bypass, a clogged manifold); a positive one,
+a sensor reading high or a ``capture_fraction`` set too low. Either way
+``sensor_disagreement`` says: do not trust the loop's readings, and check them.
 
 **Capacity and thermal budget** (``derate``): rated capacity x max(floor, min(flow, pumps)
 x supply_temp), where flow = measured / design flow (at most 1); pumps = 1 with redundancy,
@@ -31,7 +37,7 @@ capacity is the last fresh one (the rating if the CDU never reported) times
 any alarm (to degraded by default, which forces ``degraded_level``). Every other alarm holds
 its state while stale: without evidence, nothing raises, clears or escalates.
 
-**Alarms** (value, thresholds; "C" = severity critical by threshold):
+**Alarms**, what each measures and the condition of each severity:
 
 =====================  ==============================  ========================================
 alarm                  value                           warning / degraded / critical
@@ -41,9 +47,9 @@ delta_t_high           return - supply C               >= max_delta_t_c / + marg
 flow_low               flow / design flow              < warning / < degraded / < critical frac.
 pump_failure           pumps running or standby        any failed or off / only N left / < N
 leak                   detectors not ok                any warning / - / any critical
-sensor_disagreement    heat balance error %            > tolerance / - / -
+sensor_disagreement    heat balance error %            |error| > tolerance / - / -
 telemetry_stale        seconds since last message      > stale_after_s / - / -
-cdu_fault              CDU status                      warning / critical / -
+cdu_fault              CDU status (its own health)     status warning / status critical / -
 =====================  ==============================  ========================================
 
 A condition must hold ``raise_after_s`` (``critical_raise_after_s`` when critical,
@@ -53,6 +59,10 @@ A persisting alarm escalates one severity per ``escalate_after_s`` up to
 below one reached by persistence) or clears once that has held ``clear_after_s``, with
 thresholds relaxed by the hysteresis while the alarm is active. Every change is an
 ``AlarmEvent``: raised, escalated, deescalated or cleared.
+
+**Use.** ``CoolingSupervisor`` runs every loop: ``observe()`` each CDU message as it comes,
+``step()`` once per control interval with every rack's power; its ``CoolingStep`` has the
+events to publish, each loop's assessment, and per rack the thermal budget and forced level.
 
 **Forced levels.** The loop's worst severity maps to a level (``ForcedLevels``: warning 0,
 degraded 2 = T2, critical = the policy's top level, the brake). It rises at once and falls
@@ -116,6 +126,10 @@ _RANK: Final[dict[Severity, int]] = {"warning": 1, "degraded": 2, "critical": 3}
 _SEVERITY: Final[tuple[Severity | None, ...]] = (None, *SEVERITIES)
 _SECONDS_PER_MINUTE: Final = 60.0
 _W_PER_KW: Final = 1000.0
+# After a (re)start the heat balance settles this many filter windows before it is judged,
+# so that neither the first sample nor a transient (heat stored while flow was lost and
+# flushed when it returns) weighs more than e**-2 = 14% in the filtered values.
+_BALANCE_SETTLE_WINDOWS: Final = 2.0
 
 Thresholds = tuple[float | None, float | None, float | None]
 
@@ -154,7 +168,7 @@ class AlarmEvent:
             "value": self.value,
             "threshold": self.threshold,
             "rank": float(severity_rank(self.severity)),
-            "previous_severity": self.previous or "",
+            "previous_severity": self.previous,
             "text": self.text,
             "detail": self.detail,
         }
@@ -365,7 +379,9 @@ class LoopAssessment:
         }
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built for every CDU message, and a frozen dataclass's __init__ costs several
+# times more; nothing mutates it after ``of``.
+@dataclass(slots=True)
 class _Reading:
     """The parts of a CDU message the supervisor uses."""
 
@@ -376,28 +392,45 @@ class _Reading:
     pumps_available: int | None  # None: the CDU reports no pumps
     pumps_down: tuple[str, ...]  # failed or off
     pumps_failed: tuple[str, ...]
-    leaks_warning: tuple[str, ...]
-    leaks_critical: tuple[str, ...]
-    status: Literal["ok", "warning", "critical"]
+    leaks: tuple[str, ...]  # detectors not ok, critical ones first
+    leak_rank: int  # 0 all ok, 1 a warning, 3 a critical
+    status_rank: int  # 0 ok, 1 warning, 2 critical
 
     @classmethod
     def of(cls, cdu: CduTelemetry) -> _Reading:
         sec = cdu.secondary
-        pumps = cdu.pumps
+        available = 0
+        down: list[str] = []
+        failed: list[str] = []
+        for pump in cdu.pumps:
+            if pump.state in ("running", "standby"):
+                available += 1
+            else:
+                down.append(pump.name)
+                if pump.state == "failed":
+                    failed.append(pump.name)
+        warning: list[str] = []
+        critical: list[str] = []
+        for detector in cdu.leak_detectors:
+            if detector.state == "critical":
+                critical.append(detector.name)
+            elif detector.state == "warning":
+                warning.append(detector.name)
         return cls(
-            supply_c=sec.supply_temp_c,
-            return_c=sec.return_temp_c,
-            flow_lpm=sec.flow_lpm,
-            heat_removed_kw=sec.heat_removed_kw,
-            pumps_available=(
-                sum(1 for p in pumps if p.state in ("running", "standby")) if pumps else None
-            ),
-            pumps_down=tuple(p.name for p in pumps if p.state in ("failed", "off")),
-            pumps_failed=tuple(p.name for p in pumps if p.state == "failed"),
-            leaks_warning=tuple(d.name for d in cdu.leak_detectors if d.state == "warning"),
-            leaks_critical=tuple(d.name for d in cdu.leak_detectors if d.state == "critical"),
-            status=cdu.status,
+            sec.supply_temp_c,
+            sec.return_temp_c,
+            sec.flow_lpm,
+            sec.heat_removed_kw,
+            available if cdu.pumps else None,
+            tuple(down),
+            tuple(failed),
+            (*critical, *warning),
+            3 if critical else 1 if warning else 0,
+            _STATUS_RANK[cdu.status],
         )
+
+
+_STATUS_RANK: Final = {"ok": 0, "warning": 1, "critical": 2}
 
 
 @dataclass(slots=True)
@@ -417,6 +450,11 @@ class _Obs:
             if limit is not None:
                 return limit
         return None
+
+
+_NOTHING: Final = _Obs(0, None)
+"""The observation of an idle alarm whose condition is absent (shared, never mutated)."""
+_NO_LIMITS: Final[tuple[Thresholds, float | None]] = ((None, None, None), None)
 
 
 def _rising(value: float, thresholds: Thresholds, hysteresis: float, active: int) -> int:
@@ -461,6 +499,8 @@ class _Alarm:
             return None
         self.last = obs
         above = self.above_since_s
+        if obs.rank == 0 and self.rank == 0 and above[1] is None:
+            return None  # the common case: nothing wrong, nothing pending
         for r in (1, 2, 3):
             if obs.rank >= r:
                 if above[r] is None:
@@ -512,6 +552,7 @@ class _Balance:
     """Filters of the heat balance (see the module docstring)."""
 
     last_s: float | None = None
+    since_s: float = 0.0  # when the filters (re)started
     expected_kw: float = 0.0  # heat load, lagged like the loop
     expected_f_kw: float = 0.0
     measured_f_kw: float = 0.0
@@ -521,6 +562,7 @@ class _Balance:
 
     def update(self, spec: LoopSpec, load_kw: float, measured_kw: float, now_s: float) -> None:
         if self.last_s is None:
+            self.since_s = now_s
             self.expected_kw = self.expected_f_kw = load_kw
             self.measured_f_kw = measured_kw
         else:
@@ -553,6 +595,41 @@ class LoopSupervisor:
             "telemetry_stale": (0.0, 0.0, 0.0),  # stale_after_s is its debounce
         }
         self._alarms = {kind: _Alarm(kind, delays.get(kind, normal)) for kind in ALARM_KINDS}
+        hyst = spec.hysteresis
+        # (thresholds of warning, degraded, critical; the point an alarm clears back past)
+        self._limits: dict[AlarmKind, tuple[Thresholds, float | None]] = {
+            "supply_temp_high": (
+                (spec.supply_warning_c, None, spec.supply_critical_c),
+                spec.supply_warning_c - hyst.temp_c,
+            ),
+            "delta_t_high": (
+                (spec.max_delta_t_c, spec.max_delta_t_c + spec.delta_t_degraded_margin_c, None),
+                spec.max_delta_t_c - hyst.delta_t_c,
+            ),
+            "flow_low": (
+                (
+                    spec.min_flow_warning_fraction,
+                    spec.min_flow_degraded_fraction,
+                    spec.min_flow_critical_fraction,
+                ),
+                spec.min_flow_warning_fraction + hyst.flow_fraction,
+            ),
+            "pump_failure": (
+                (
+                    float(spec.pump_count),
+                    float(spec.pumps_required + 1) if spec.redundant else None,
+                    float(spec.pumps_required),
+                ),
+                float(spec.pump_count),
+            ),
+            "sensor_disagreement": (
+                (spec.heat_balance_tolerance_pct, None, None),
+                spec.heat_balance_tolerance_pct - hyst.heat_balance_pct,
+            ),
+            "telemetry_stale": ((stale_after_s, None, None), stale_after_s),
+        }
+        weights = {rack: spec.rack_weights.get(rack, 1.0) for rack in spec.racks}
+        self._shares = {rack: w / sum(weights.values()) for rack, w in weights.items()}
         self._reading: _Reading | None = None
         self._first_s: float | None = None
         self._seen_s: float | None = None
@@ -588,12 +665,7 @@ class LoopSupervisor:
         stale = age_s > self.stale_after_s
         reading = None if stale else self._reading
 
-        missing = tuple(rack for rack in spec.racks if rack not in rack_power_w)
-        load_kw = (
-            sum(rack_power_w.get(rack, 0.0) for rack in spec.racks)
-            * spec.capture_fraction
-            / _W_PER_KW
-        )
+        load_kw, missing = self._load_kw(rack_power_w)
         flow_fraction = None
         delta_t_c = None
         measured_kw = None
@@ -615,11 +687,14 @@ class LoopSupervisor:
         else:
             rating = Derate()  # not yet heard from, not yet stale: the start-up grace
 
-        if reading is not None and measured_kw is not None and not missing:
+        # Starved of flow, the loop stores heat instead of removing it: that imbalance is
+        # physics, already alarmed as flow_low, not a sensor fault.
+        starved = self._alarms["flow_low"].rank > 0 or self._alarms["pump_failure"].rank >= 3
+        if reading is not None and measured_kw is not None and not missing and not starved:
             self._balance.update(spec, load_kw, measured_kw, now_s)
         else:
             self._balance.reset()
-        balance_pct = self._balance_error_pct()
+        balance_pct = self._balance_error_pct(now_s)
 
         observations = self._observe(
             reading,
@@ -630,25 +705,15 @@ class LoopSupervisor:
             balance_pct=balance_pct,
         )
         events = []
+        worst_rank = 0
         for kind, alarm in self._alarms.items():
             before = alarm.rank
             obs = observations[kind]
             change = alarm.step(obs, now_s=now_s, timing=spec.timing)
             if change is not None and obs is not None:
                 events.append(self._event(kind, obs, change, before, now_s))
-
-        active = tuple(
-            ActiveAlarm(
-                alarm=a.kind,
-                severity=SEVERITIES[a.rank - 1],
-                since_s=a.raised_s,
-                value=a.last.value if a.last is not None else None,
-                threshold=a.last.threshold(a.rank) if a.last is not None else None,
-            )
-            for a in self._alarms.values()
-            if a.rank > 0
-        )
-        worst_rank = max((a.rank for a in self._alarms.values()), default=0)
+            worst_rank = max(worst_rank, alarm.rank)
+        active = self._active() if worst_rank else ()
         worst = _SEVERITY[worst_rank]
         forced_level = self._step_forced(worst, now_s, top_level)
 
@@ -677,15 +742,40 @@ class LoopSupervisor:
             flow_fraction=flow_fraction,
             pumps_available=None if reading is None else reading.pumps_available,
             pumps_failed=() if reading is None else reading.pumps_failed,
-            leaks=() if reading is None else reading.leaks_critical + reading.leaks_warning,
+            leaks=() if reading is None else reading.leaks,
             alarms=active,
             worst_severity=worst,
             emergency=worst_rank == _RANK["critical"],
             thermal_budget_w=budget_w,
-            rack_thermal_budget_w=split_budget(spec, budget_w),
+            rack_thermal_budget_w={rack: budget_w * f for rack, f in self._shares.items()},
             forced_level=forced_level,
             forced_levels=dict.fromkeys(spec.racks, forced_level),
             events=tuple(events),
+        )
+
+    def _load_kw(self, rack_power_w: Mapping[str, float]) -> tuple[float, tuple[str, ...]]:
+        """The heat the racks put into the loop, and the racks whose power is unknown."""
+        power_w = 0.0
+        missing: tuple[str, ...] = ()
+        for rack in self.spec.racks:  # a plain loop: this runs every second for every loop
+            rack_w = rack_power_w.get(rack)
+            if rack_w is None:
+                missing = (*missing, rack)
+            else:
+                power_w += rack_w
+        return power_w * self.spec.capture_fraction / _W_PER_KW, missing
+
+    def _active(self) -> tuple[ActiveAlarm, ...]:
+        return tuple(
+            ActiveAlarm(
+                alarm=a.kind,
+                severity=SEVERITIES[a.rank - 1],
+                since_s=a.raised_s,
+                value=a.last.value if a.last is not None else None,
+                threshold=a.last.threshold(a.rank) if a.last is not None else None,
+            )
+            for a in self._alarms.values()
+            if a.rank > 0
         )
 
     def _measured_kw(self, reading: _Reading, delta_t_c: float | None) -> float | None:
@@ -696,9 +786,15 @@ class LoopSupervisor:
             return kg_per_s * spec.coolant_cp_kj_per_kg_k * delta_t_c
         return reading.heat_removed_kw
 
-    def _balance_error_pct(self) -> float | None:
+    def _balance_error_pct(self, now_s: float) -> float | None:
+        """The filtered heat-balance error; None while not judged (see the module docstring)."""
         balance = self._balance
-        if balance.last_s is None or balance.expected_f_kw < self.spec.min_load_kw:
+        spec = self.spec
+        if (
+            balance.last_s is None
+            or now_s - balance.since_s < _BALANCE_SETTLE_WINDOWS * spec.heat_balance_window_s
+            or balance.expected_f_kw < spec.min_load_kw
+        ):
             return None
         return 100.0 * (balance.measured_f_kw - balance.expected_f_kw) / balance.expected_f_kw
 
@@ -715,48 +811,45 @@ class LoopSupervisor:
         """Each alarm's condition now; None where there is no evidence (stale, unreported)."""
         spec = self.spec
         hyst = spec.hysteresis
-        rank = {kind: alarm.rank for kind, alarm in self._alarms.items()}
+        alarms = self._alarms
+        # kind -> (rank, value, names); kinds left out have no evidence.
+        found: dict[AlarmKind, tuple[int, float, tuple[str, ...]]] = {
+            "telemetry_stale": (int(stale), age_s, ())
+        }
+        if reading is not None:
+            if reading.supply_c is not None:
+                value = reading.supply_c
+                high = self._limits["supply_temp_high"][0]
+                r = _rising(value, high, hyst.temp_c, alarms["supply_temp_high"].rank)
+                found["supply_temp_high"] = (r, value, ())
+            if delta_t_c is not None:
+                high = self._limits["delta_t_high"][0]
+                r = _rising(delta_t_c, high, hyst.delta_t_c, alarms["delta_t_high"].rank)
+                found["delta_t_high"] = (r, delta_t_c, ())
+            if flow_fraction is not None:
+                low = self._limits["flow_low"][0]
+                r = _falling(flow_fraction, low, hyst.flow_fraction, alarms["flow_low"].rank)
+                found["flow_low"] = (r, flow_fraction, ())
+            if reading.pumps_available is not None:
+                found["pump_failure"] = self._pump_found(reading)
+            found["leak"] = (reading.leak_rank, float(len(reading.leaks)), reading.leaks)
+            found["cdu_fault"] = (reading.status_rank, float(reading.status_rank), ())
+            if balance_pct is not None:
+                tol = spec.heat_balance_tolerance_pct
+                relax = hyst.heat_balance_pct if alarms["sensor_disagreement"].rank else 0.0
+                r = 1 if abs(balance_pct) > tol - relax else 0
+                found["sensor_disagreement"] = (r, balance_pct, ())
         out: dict[AlarmKind, _Obs | None] = dict.fromkeys(ALARM_KINDS)
-        stale_limits: Thresholds = (self.stale_after_s, None, None)
-        out["telemetry_stale"] = _Obs(int(stale), age_s, stale_limits, self.stale_after_s)
-        if reading is None:
-            return out
-        if reading.supply_c is not None:
-            limits: Thresholds = (spec.supply_warning_c, None, spec.supply_critical_c)
-            value = reading.supply_c
-            r = _rising(value, limits, hyst.temp_c, rank["supply_temp_high"])
-            out["supply_temp_high"] = _Obs(r, value, limits, spec.supply_warning_c - hyst.temp_c)
-        if delta_t_c is not None:
-            high = spec.max_delta_t_c
-            limits = (high, high + spec.delta_t_degraded_margin_c, None)
-            r = _rising(delta_t_c, limits, hyst.delta_t_c, rank["delta_t_high"])
-            out["delta_t_high"] = _Obs(r, delta_t_c, limits, high - hyst.delta_t_c)
-        if flow_fraction is not None:
-            limits = (
-                spec.min_flow_warning_fraction,
-                spec.min_flow_degraded_fraction,
-                spec.min_flow_critical_fraction,
-            )
-            r = _falling(flow_fraction, limits, hyst.flow_fraction, rank["flow_low"])
-            clear = spec.min_flow_warning_fraction + hyst.flow_fraction
-            out["flow_low"] = _Obs(r, flow_fraction, limits, clear)
-        if reading.pumps_available is not None:
-            out["pump_failure"] = self._pump_obs(reading)
-        leak_rank = 3 if reading.leaks_critical else 1 if reading.leaks_warning else 0
-        leaks = reading.leaks_critical + reading.leaks_warning
-        out["leak"] = _Obs(leak_rank, float(len(leaks)), names=leaks)
-        status_rank = {"ok": 0, "warning": 1, "critical": 2}[reading.status]
-        out["cdu_fault"] = _Obs(status_rank, float(status_rank))
-        if balance_pct is not None:
-            tol = spec.heat_balance_tolerance_pct
-            relax = hyst.heat_balance_pct if rank["sensor_disagreement"] else 0.0
-            r = 1 if abs(balance_pct) > tol - relax else 0
-            out["sensor_disagreement"] = _Obs(
-                r, balance_pct, (tol, None, None), tol - hyst.heat_balance_pct
-            )
+        for kind, (r, value, names) in found.items():
+            alarm = alarms[kind]
+            if r == 0 and alarm.rank == 0 and alarm.above_since_s[1] is None:
+                out[kind] = _NOTHING  # the common case, without building an observation
+            else:
+                limits, clear = self._limits.get(kind, _NO_LIMITS)
+                out[kind] = _Obs(r, value, limits, clear, names)
         return out
 
-    def _pump_obs(self, reading: _Reading) -> _Obs:
+    def _pump_found(self, reading: _Reading) -> tuple[int, float, tuple[str, ...]]:
         """pump_failure: critical below N, degraded at N of N+1, warning on any pump down."""
         spec = self.spec
         available = reading.pumps_available or 0
@@ -768,12 +861,7 @@ class LoopSupervisor:
             r = 1
         else:
             r = 0
-        limits: Thresholds = (
-            float(spec.pump_count),
-            float(spec.pumps_required + 1) if spec.redundant else None,
-            float(spec.pumps_required),
-        )
-        return _Obs(r, float(available), limits, float(spec.pump_count), reading.pumps_down)
+        return r, float(available), reading.pumps_down
 
     def _event(
         self,

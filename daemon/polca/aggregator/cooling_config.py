@@ -199,11 +199,17 @@ class LoopSpec(_Model):
         4.18, gt=0, description="Coolant specific heat (water 4.18; 25% propylene glycol 3.9)."
     )
     coolant_density_kg_per_l: float = Field(
-        1.0, gt=0, description="Coolant density (water 1.0; 25% propylene glycol 1.02)."
+        0.996, gt=0, description="Coolant density (water at 30 C 0.996; 25% propylene glycol 1.02)."
     )
-    timing: AlarmTiming = Field(default_factory=AlarmTiming)
-    hysteresis: Hysteresis = Field(default_factory=Hysteresis)
-    derating: Derating = Field(default_factory=Derating)
+    timing: AlarmTiming = Field(
+        default_factory=AlarmTiming, description="Debounce, clearing and escalation."
+    )
+    hysteresis: Hysteresis = Field(
+        default_factory=Hysteresis, description="How far back past a limit an alarm clears."
+    )
+    derating: Derating = Field(
+        default_factory=Derating, description="The thermal budget's derating curve."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -311,7 +317,10 @@ class CoolingSettings(_Model):
         description="A CDU silent for this long is stale: its loop's budget is reduced "
         "(derating.stale_fraction) and telemetry_stale raises.",
     )
-    forced: ForcedLevels = Field(default_factory=ForcedLevels)
+    forced: ForcedLevels = Field(
+        default_factory=ForcedLevels,
+        description="Control levels forced on a loop's racks by its worst alarm severity.",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> Self:

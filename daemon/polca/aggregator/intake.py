@@ -20,6 +20,7 @@ from polca.aggregator.rollup import RowTracker
 from polca.telemetry.bus import InMessage
 from polca.telemetry.schema import (
     MAX_PAYLOAD_BYTES,
+    CduTelemetry,
     Control,
     Event,
     Meter,
@@ -45,15 +46,20 @@ class Intake:
     on_telemetry: Callable[[str, str, str, Telemetry], None] | None = None
     on_event: Callable[[str, str, str, Event], None] | None = None
     on_retained_control: Callable[[Control], None] | None = None
+    on_cdu: Callable[[CduTelemetry, float], None] | None = None
+    cdus: tuple[str, ...] = ()
     messages_in: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     _logged: set[tuple[str, str]] = field(default_factory=set)
     _meters: dict[str, str] = field(default_factory=dict)  # topic -> row
+    _cdu_topics: dict[str, str] = field(default_factory=dict)  # topic -> CDU id
 
     def __post_init__(self) -> None:
         for name, tracker in self.trackers.items():
             topic = tracker.spec.meter_topic or self.topics.meter(self.site, name)
             self._meters[topic] = name
+        for cdu in self.cdus:
+            self._cdu_topics[self.topics.cdu(self.site, cdu)] = cdu
 
     def subscriptions(self) -> list[tuple[str, int]]:
         """The topic filters this aggregator needs (its rows only, never ``#``)."""
@@ -65,6 +71,7 @@ class Intake:
             subs.append((self.topics.row_control(self.site, row), 1))
             subs.append((f"{root}/{self.site}/{row}/+/control", 1))
         subs.extend((topic, 0) for topic in self._meters)
+        subs.extend((topic, 0) for topic in self._cdu_topics)
         return subs
 
     def handle(self, message: InMessage, now_s: float) -> None:
@@ -75,6 +82,9 @@ class Intake:
             return
         if message.topic in self._meters:
             self._meter(message, now_s)
+            return
+        if message.topic in self._cdu_topics:
+            self._cdu(message, now_s)
             return
         parsed = self.topics.parse_node(message.topic)
         if parsed is None:
@@ -127,6 +137,19 @@ class Intake:
             return
         assert isinstance(meter, Meter)  # noqa: S101
         self.trackers[self._meters[message.topic]].ingest_meter(meter, now_s)
+
+    def _cdu(self, message: InMessage, now_s: float) -> None:
+        try:
+            cdu = decode(message.payload, CduTelemetry)
+        except SchemaError as exc:
+            self._schema_drop(message.topic, exc)
+            return
+        assert isinstance(cdu, CduTelemetry)  # noqa: S101
+        if cdu.cdu != self._cdu_topics[message.topic]:
+            self._drop(message.topic, "topology", f"payload cdu {cdu.cdu!r}")
+            return
+        if self.on_cdu is not None:
+            self.on_cdu(cdu, now_s)
 
     def _control(self, message: InMessage) -> None:
         if not message.payload:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,12 @@ from polca import __version__, aiokit
 from polca.aggregator import points
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.controller import ScopeController, ScopeDecision
+from polca.aggregator.cooling import (
+    CoolingStep,
+    CoolingSupervisor,
+    effective_rack_budgets,
+    effective_row_budget_w,
+)
 from polca.aggregator.intake import Intake
 from polca.aggregator.rollup import RowRollup, RowTracker
 from polca.aggregator.sink import InfluxSink, Sink, resolve_token
@@ -38,8 +44,12 @@ from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.settings import InfluxSettings
 from polca.telemetry.bus import MqttBus, OutMessage
 from polca.telemetry.schema import (
+    CduTelemetry,
     Control,
+    CoolingAlarm,
+    CoolingLoopState,
     Event,
+    LoopAlarm,
     PolicyBundle,
     RackSummary,
     RowSummary,
@@ -79,12 +89,15 @@ class Aggregator:
         self.policy_store = PolicyStore(settings.policy_file)
         self.trackers = {row.name: RowTracker(row) for row in settings.rows}
         self.epoch_ns = clock_ns()
+        self.cooling = CoolingSupervisor(settings.cooling)
         self.controllers: dict[tuple[str, str | None], ScopeController] = {}
         for row in settings.rows:
             self.controllers[(row.name, None)] = self._controller(row.name, None)
             for rack in row.racks:
-                if rack.budget_w is not None:
+                on_loop = settings.cooling.loop_of(rack.name) is not None
+                if rack.budget_w is not None or on_loop:
                     self.controllers[(row.name, rack.name)] = self._controller(row.name, rack.name)
+        self._control_wake = asyncio.Event()
         self.intake = Intake(
             site=settings.site,
             topics=self.topics,
@@ -93,6 +106,8 @@ class Aggregator:
             on_telemetry=self._on_telemetry,
             on_event=self._on_event,
             on_retained_control=self._on_retained_control,
+            on_cdu=self._on_cdu,
+            cdus=tuple(loop.cdu for loop in settings.cooling.loops),
         )
         self.stop_requested = asyncio.Event()
         self.reload_requested = asyncio.Event()
@@ -293,6 +308,18 @@ class Aggregator:
                 seq=control.seq,
             )
 
+    def _on_cdu(self, cdu: CduTelemetry, now_s: float) -> None:
+        if not self.cooling.observe(cdu, now_s):
+            return
+        urgent = (
+            cdu.status != "ok"
+            or any(d.state != "ok" for d in cdu.leak_detectors)
+            or any(p.state == "failed" for p in cdu.pumps)
+        )
+        if urgent:
+            # Cooling emergencies do not wait for the next control interval.
+            self._control_wake.set()
+
     # ------------------------------------------------------------------ control
 
     async def _control_loop(self) -> None:
@@ -300,8 +327,10 @@ class Aggregator:
         interval = self.settings.control.interval_s
         next_t = loop.time() + interval
         while True:
-            await asyncio.sleep(max(0.0, next_t - loop.time()))
-            next_t = max(next_t + interval, loop.time())
+            woken = await aiokit.wait_first(self._control_wake, max(0.0, next_t - loop.time()))
+            self._control_wake.clear()
+            if not woken:
+                next_t = max(next_t + interval, loop.time())
             self.control_step(loop.time())
             self.gate.beat()
 
@@ -331,14 +360,19 @@ class Aggregator:
                 },
             )
         out: list[points.Point] = []
+        cooling = self._cooling_step(rollups, now_s, now_ns, loaded, out)
         for row in self.settings.rows:
             rollup = rollups[row.name]
             tracker = self.trackers[row.name]
             trend = tracker.trend_w_per_s(now_s, ctl.trend_window_s)
+            thermal = cooling.rack_thermal_budget_w
+            row_budget_w = effective_row_budget_w(
+                row.budget_w, [r.name for r in row.racks], thermal
+            )
             decision = self._decide(
                 (row.name, None),
                 power_w=rollup.power_w,
-                budget_w=row.budget_w,
+                budget_w=row_budget_w,
                 now_s=now_s,
                 now_ns=now_ns,
                 trend=trend,
@@ -347,24 +381,151 @@ class Aggregator:
                     "power_source": rollup.power_source,
                     "stale_nodes": list(rollup.stale_nodes),
                     "offline_nodes": list(rollup.offline_nodes),
+                    "provisioned_budget_w": row.budget_w,
                 },
             )
+            rack_budgets = effective_rack_budgets(
+                {r.rack: r.budget_w for r in rollup.racks},
+                {r.rack: thermal[r.rack] for r in rollup.racks if r.rack in thermal},
+            )
+            rack_levels: dict[str, int] = {}
             for rack in rollup.racks:
-                if rack.budget_w is not None:
-                    self._decide(
-                        (row.name, rack.rack),
-                        power_w=rack.power_w,
-                        budget_w=rack.budget_w,
-                        now_s=now_s,
-                        now_ns=now_ns,
-                        trend=None,
-                        loaded=loaded,
-                    )
-            self._publish_summary(rollup, decision, trend, now_ns)
-            out.extend(self._row_points(rollup, decision, trend, now_ns))
+                budget = rack_budgets.get(rack.rack)
+                if budget is None or (row.name, rack.rack) not in self.controllers:
+                    continue
+                rack_levels[rack.rack] = self._decide(
+                    (row.name, rack.rack),
+                    power_w=rack.power_w,
+                    budget_w=budget,
+                    now_s=now_s,
+                    now_ns=now_ns,
+                    trend=None,
+                    loaded=loaded,
+                    floor_level=cooling.forced_levels.get(rack.rack, 0),
+                    floor_reason=self._cooling_reason(cooling, rack.rack),
+                ).level
+            self._publish_summary(
+                rollup,
+                decision,
+                trend,
+                now_ns,
+                budget_w=row_budget_w,
+                rack_budgets=rack_budgets,
+                thermal=thermal,
+                rack_levels=rack_levels,
+            )
+            out.extend(
+                self._row_points(
+                    rollup,
+                    decision,
+                    trend,
+                    now_ns,
+                    budget_w=row_budget_w,
+                    rack_budgets=rack_budgets,
+                    thermal=thermal,
+                )
+            )
         if self.sink is not None:
             out.append(self._aggregator_point(now_ns))
             self.sink.write(out)
+
+    def _cooling_step(
+        self,
+        rollups: Mapping[str, RowRollup],
+        now_s: float,
+        now_ns: int,
+        loaded: LoadedPolicy,
+        out: list[points.Point],
+    ) -> CoolingStep:
+        """Assess every cooling loop; publish alarm events and loop state; add points."""
+        rack_power_w = {r.rack: r.power_w for roll in rollups.values() for r in roll.racks}
+        step = self.cooling.step(
+            rack_power_w=rack_power_w, now_s=now_s, top_level=loaded.policy.top_level
+        )
+        site = self.settings.site
+        for event in step.events:
+            log = self.log.warning if event.action in ("raised", "escalated") else self.log.info
+            log(
+                "cooling_alarm",
+                loop=event.loop,
+                alarm=event.alarm,
+                severity=event.severity,
+                action=event.action,
+                value=event.value,
+                threshold=event.threshold,
+                detail=event.detail,
+            )
+            if self.bus is not None:
+                alarm = CoolingAlarm(
+                    ts_ns=now_ns,
+                    loop=event.loop,
+                    alarm=event.alarm,
+                    severity=event.severity,
+                    action=event.action,
+                    previous=event.previous,
+                    value=event.value,
+                    threshold=event.threshold,
+                    text=event.text[:512],
+                )
+                topic = self.topics.loop_alarms(site, event.loop)
+                self.bus.publish_nowait(OutMessage(topic, encode(alarm), qos=1))
+            out.append(
+                points.make_point(
+                    "cooling_alarm",
+                    ts_ns=now_ns,
+                    tags={
+                        "site": site,
+                        "loop": event.loop,
+                        "alarm": event.alarm,
+                        "severity": event.severity,
+                        "action": event.action,
+                    },
+                    fields=event.influx_fields(),
+                )
+            )
+        for name, loop in step.loops.items():
+            out.append(
+                points.make_point(
+                    "cooling_loop",
+                    ts_ns=now_ns,
+                    tags={"site": site, "loop": name, "cdu": loop.cdu},
+                    fields=loop.influx_fields(),
+                )
+            )
+            if self.bus is not None:
+                state = CoolingLoopState(
+                    ts_ns=now_ns,
+                    loop=name,
+                    cdu=loop.cdu,
+                    racks=loop.racks,
+                    heat_load_kw=loop.heat_load_kw,
+                    heat_removed_kw=loop.heat_removed_kw,
+                    capacity_kw=loop.capacity_kw,
+                    headroom_kw=loop.headroom_kw,
+                    supply_temp_c=loop.supply_temp_c,
+                    return_temp_c=loop.return_temp_c,
+                    flow_lpm=loop.flow_lpm,
+                    flow_fraction=loop.flow_fraction,
+                    thermal_budget_w=loop.thermal_budget_w,
+                    severity=loop.worst_severity or "ok",
+                    alarms=tuple(
+                        LoopAlarm(alarm=a.alarm, severity=a.severity) for a in loop.alarms
+                    ),
+                    emergency=loop.emergency,
+                    stale=loop.stale,
+                    forced_levels=dict(loop.forced_levels),
+                )
+                topic = self.topics.loop_state(site, name)
+                self.bus.publish_nowait(OutMessage(topic, encode(state), qos=1, retain=True))
+        return step
+
+    def _cooling_reason(self, step: CoolingStep, rack: str) -> str:
+        loop_name = self.settings.cooling.loop_of(rack)
+        loop = step.loops.get(loop_name) if loop_name else None
+        if loop is None:
+            return ""
+        alarms = ", ".join(f"{a.alarm} {a.severity}" for a in loop.alarms)
+        return f"cooling loop {loop_name}: {alarms or 'recovering'}"
 
     def _decide(
         self,
@@ -377,10 +538,14 @@ class Aggregator:
         trend: float | None,
         loaded: LoadedPolicy,
         inputs: dict[str, Any] | None = None,
+        floor_level: int = 0,
+        floor_reason: str = "",
     ) -> ScopeDecision:
         ctl = self.settings.control
         controller = self.controllers[key]
         decision = controller.step(
+            floor_level=floor_level,
+            floor_reason=floor_reason,
             power_w=power_w,
             budget_w=budget_w,
             policy=loaded.policy,
@@ -428,7 +593,16 @@ class Aggregator:
         return decision
 
     def _publish_summary(
-        self, rollup: RowRollup, decision: ScopeDecision, trend: float | None, now_ns: int
+        self,
+        rollup: RowRollup,
+        decision: ScopeDecision,
+        trend: float | None,
+        now_ns: int,
+        *,
+        budget_w: float,
+        rack_budgets: dict[str, float],
+        thermal: Mapping[str, float],
+        rack_levels: dict[str, int],
     ) -> None:
         if self.bus is None:
             return
@@ -439,7 +613,7 @@ class Aggregator:
             power_w=rollup.power_w,
             power_source=rollup.power_source,
             budget_w=rollup.budget_w,
-            effective_budget_w=rollup.budget_w,
+            effective_budget_w=budget_w,
             level=decision.level,
             level_name=decision.level_name,
             thresholds_w=decision.thresholds_w,
@@ -450,7 +624,9 @@ class Aggregator:
                 RackSummary(
                     rack=r.rack,
                     power_w=r.power_w,
-                    budget_w=r.budget_w,
+                    budget_w=rack_budgets.get(r.rack),
+                    thermal_budget_w=thermal.get(r.rack),
+                    level=rack_levels.get(r.rack, 0),
                     nodes_online=r.nodes_online,
                     nodes_stale=r.nodes_stale,
                     nodes_offline=r.nodes_offline,
@@ -464,7 +640,15 @@ class Aggregator:
         self.bus.publish_nowait(OutMessage(topic, encode(summary), qos=0, retain=True))
 
     def _row_points(
-        self, rollup: RowRollup, decision: ScopeDecision, trend: float | None, now_ns: int
+        self,
+        rollup: RowRollup,
+        decision: ScopeDecision,
+        trend: float | None,
+        now_ns: int,
+        *,
+        budget_w: float,
+        rack_budgets: dict[str, float],
+        thermal: Mapping[str, float],
     ) -> list[points.Point]:
         site = self.settings.site
         thresholds = {f"threshold_{i + 1}_w": t for i, t in enumerate(decision.thresholds_w[:3])}
@@ -477,7 +661,7 @@ class Aggregator:
                 computed_power_w=rollup.computed_power_w,
                 measured_power_w=rollup.measured_power_w,
                 budget_w=rollup.budget_w,
-                effective_budget_w=rollup.budget_w,
+                effective_budget_w=budget_w,
                 power_pct=decision.power_pct,
                 level=float(decision.level),
                 trend_w_per_s=trend,
@@ -498,7 +682,8 @@ class Aggregator:
                     row=rollup.row,
                     rack=rack.rack,
                     power_w=rack.power_w,
-                    budget_w=rack.budget_w,
+                    budget_w=rack_budgets.get(rack.rack),
+                    thermal_budget_w=thermal.get(rack.rack),
                     nodes_online=float(rack.nodes_online),
                     nodes_stale=float(rack.nodes_stale),
                     nodes_offline=float(rack.nodes_offline),

@@ -220,7 +220,9 @@ class RackSummary(BaseModel):
 
     rack: _Name
     power_w: _Watts
-    budget_w: _Watts | None = None
+    budget_w: _Watts | None = Field(None, description="Effective: electrical or thermal.")
+    thermal_budget_w: _Watts | None = Field(None, description="From its cooling loop.")
+    level: int = Field(0, ge=0, le=64, description="Rack-scope level, when it has one.")
     nodes_online: int = Field(ge=0)
     nodes_stale: int = Field(ge=0)
     nodes_offline: int = Field(ge=0)
@@ -308,6 +310,52 @@ class CduTelemetry(_Wire):
     )
 
 
+class LoopAlarm(BaseModel):
+    """One active alarm of a cooling loop."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alarm: _Name
+    severity: Literal["warning", "degraded", "critical"]
+
+
+class CoolingLoopState(_Wire):
+    """``{root}/{site}/cooling/loop/{loop}/state``: retained: a loop as the aggregator sees it."""
+
+    kind: Literal["cooling_loop"] = "cooling_loop"
+    loop: _Name
+    cdu: _Name
+    racks: tuple[_Name, ...] = Field(max_length=1024)
+    heat_load_kw: float | None = None
+    heat_removed_kw: float | None = None
+    capacity_kw: float | None = None
+    headroom_kw: float | None = None
+    supply_temp_c: float | None = None
+    return_temp_c: float | None = None
+    flow_lpm: float | None = None
+    flow_fraction: float | None = None
+    thermal_budget_w: float | None = None
+    severity: Literal["ok", "warning", "degraded", "critical"] = "ok"
+    alarms: tuple[LoopAlarm, ...] = Field((), max_length=64)
+    emergency: bool = False
+    stale: bool = False
+    forced_levels: dict[str, int] = Field(default_factory=dict, max_length=1024)
+
+
+class CoolingAlarm(_Wire):
+    """``{root}/{site}/cooling/loop/{loop}/alarms``: QoS 1: one alarm raised or cleared."""
+
+    kind: Literal["cooling_alarm"] = "cooling_alarm"
+    loop: _Name
+    alarm: _Name
+    severity: Literal["warning", "degraded", "critical"]
+    action: Literal["raised", "escalated", "deescalated", "cleared"]
+    previous: Literal["warning", "degraded", "critical"] | None = None
+    value: float | None = None
+    threshold: float | None = None
+    text: str = Field("", max_length=512)
+
+
 Message = (
     Telemetry
     | Status
@@ -319,6 +367,8 @@ Message = (
     | PolicyBundle
     | RowSummary
     | CduTelemetry
+    | CoolingLoopState
+    | CoolingAlarm
 )
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Annotated[Message, Field(discriminator="kind")])
 
@@ -371,5 +421,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
             PolicyBundle,
             RowSummary,
             CduTelemetry,
+            CoolingLoopState,
+            CoolingAlarm,
         )
     }
