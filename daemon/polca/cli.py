@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from polca import __version__, aiokit, logs
+from polca.cooling import cli as cooling_cli
 from polca.errors import FatalError, PolcaError, PolicyError
 
 EX_CONFIG = 78
@@ -77,6 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--speedup", type=float, default=2.0, help="trace time compression")
     demo.add_argument("--scale", type=float, default=16.0, help="trace load multiplier")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--incident-at",
+        type=float,
+        default=45.0,
+        help="seconds until a CDU pump of rack 2's cooling loop fails (negative: no incident)",
+    )
+    demo.add_argument(
+        "--incident-s", type=float, default=30.0, help="seconds until that pump is repaired"
+    )
     demo.add_argument("--policy", type=Path, default=None)
     demo.add_argument("--broker", default=None, help="use this MQTT broker host[:port]")
     demo.add_argument("--influx", default=None, help="also write to InfluxDB at this URL")
@@ -111,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     csub.add_parser("show", help="print the effective settings (secrets hidden)").add_argument(
         "--config", type=Path, default=None
     )
+    cooling_cli.add_parsers(sub)
     return parser
 
 
@@ -168,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_schema(sys.stdout)
     if args.command == "status":
         return _status(args)
+    if args.command == "cdu":
+        return cooling_cli.main(args)
     if args.command == "aggregator":
         return _run_aggregator(args)
     if args.command == "gpu":
@@ -368,6 +381,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         influx_url=args.influx,
         influx_api=args.influx_api,
+        incident_at_s=args.incident_at if args.incident_at >= 0 else None,
+        incident_s=args.incident_s,
         broker=_broker_address(args.broker),
     )
     log = structlog.get_logger()

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -35,7 +36,10 @@ from polca.aggregator.config import (
     RackSpec,
     RowSpec,
 )
+from polca.aggregator.cooling_config import CoolingSettings, LoopSpec
 from polca.aggregator.runtime import Aggregator, make_sink
+from polca.cooling.plant import CduRatings, SimulatedCdu
+from polca.cooling.publisher import run_plant
 from polca.gpu.models import get_model
 from polca.gpu.simulated import SimulatedBackend
 from polca.gpu.trace import Trace, TraceReplay, trace_loads
@@ -52,6 +56,8 @@ from polca.settings import (
 from polca.telemetry.bus import InMessage, MqttBus
 from polca.telemetry.schema import (
     Control,
+    CoolingAlarm,
+    CoolingLoopState,
     Event,
     RowSummary,
     SchemaError,
@@ -63,6 +69,8 @@ DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "simulated-demo
 SITE = "demo"
 ROW = "row1"
 NON_GPU_W = 1500.0  # CPUs, memory, NICs and fans of an 8-GPU server
+# One in-row CDU per rack, sized for a rack of four 8-GPU nodes (~35 kW at full load).
+CDU_RATINGS = CduRatings(heat_capacity_kw=40.0, design_flow_lpm=60.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +93,8 @@ class DemoOptions:
     influx_api: str = "v2"  # v1 for InfluxDB 1.x (database "polca")
     broker: tuple[str, int] | None = None
     sample_interval_s: float = 0.25
+    incident_at_s: float | None = 45.0  # a CDU pump fails this long after the start
+    incident_s: float = 30.0  # ... and is repaired after this long
 
     @property
     def nodes(self) -> list[tuple[str, str]]:
@@ -116,6 +126,10 @@ class DemoView:
     hottest: dict[str, tuple[float, int, int | None, str | None]] = field(default_factory=dict)
     started_s: float = field(default_factory=time.monotonic)
     last_level: int = 0
+    loops: dict[str, CoolingLoopState] = field(default_factory=dict)
+    cooling_events: deque[str] = field(default_factory=lambda: deque(maxlen=8))
+    cooling_alarms_raised: int = 0
+    rack_levels: dict[str, int] = field(default_factory=dict)
 
     def handle(self, message: InMessage) -> None:
         """Take one message of the demo site."""
@@ -147,8 +161,18 @@ class DemoView:
                     f"{stamp:6.0f} s  {payload.detail.get('level_name', '?'):<8} "
                     f"{payload.detail.get('reason', '')}"
                 )
-        elif isinstance(payload, Control):
-            return
+        elif isinstance(payload, CoolingLoopState):
+            self.loops[payload.loop] = payload
+        elif isinstance(payload, CoolingAlarm):
+            stamp = time.monotonic() - self.started_s
+            if payload.action == "raised":
+                self.cooling_alarms_raised += 1
+            self.cooling_events.append(
+                f"{stamp:6.0f} s  {payload.loop} {payload.alarm} {payload.action} "
+                f"({payload.severity})"
+            )
+        elif isinstance(payload, Control) and payload.scope == "rack" and payload.rack:
+            self.rack_levels[payload.rack] = payload.level
 
     def _on_summary(self, summary: RowSummary) -> None:
         self.summary = summary
@@ -191,9 +215,18 @@ class DemoView:
         ]
         for rack in s.racks:
             share = rack.power_w / max(s.power_w, 1.0)
+            forced = f"  rack level {rack.level}" if rack.level else ""
             lines.append(
                 f"  {rack.rack:<6}{rack.power_w / 1000:6.1f} kW  {'=' * int(share * 40):<40}"
                 f"  {rack.nodes_online} up, {rack.nodes_stale} stale, {rack.nodes_offline} off"
+                f"{forced}"
+            )
+        for name, loop in sorted(self.loops.items()):
+            alarms = ", ".join(f"{a.alarm} {a.severity}" for a in loop.alarms) or "ok"
+            lines.append(
+                f"  {name:<6}{loop.cdu}: supply {loop.supply_temp_c or 0:4.1f} C, flow "
+                f"{100 * (loop.flow_fraction or 0):3.0f}%, heat {loop.heat_load_kw or 0:4.1f}"
+                f"/{loop.capacity_kw or 0:4.1f} kW  {alarms}"
             )
         hot = sorted(self.hottest.items(), key=lambda kv: -kv[1][0])[:3]
         if hot:
@@ -207,6 +240,9 @@ class DemoView:
         if self.level_changes:
             lines.append("  level changes:")
             lines.extend(f"   {entry}" for entry in self.level_changes)
+        if self.cooling_events:
+            lines.append("  cooling alarms:")
+            lines.extend(f"   {entry}" for entry in self.cooling_events)
         return "\n".join(lines) + "\n"
 
     def closing_summary(self) -> str:
@@ -216,6 +252,8 @@ class DemoView:
         for name, count in sorted(self.level_s.items(), key=lambda kv: -kv[1]):
             lines.append(f"time at {name:<8}: {count:5d} s ({100.0 * count / total:5.1f}%)")
         lines.append(f"brake events       : {self.brake_events}")
+        lines.append(f"cooling alarms     : {self.cooling_alarms_raised} raised")
+        lines.extend(f"   {entry}" for entry in self.cooling_events)
         lines.append(f"GPU cap changes    : {self.cap_changes}")
         lines.append(
             f"peak row power     : {self.peak_pct:.1f}% of the {self.budget_w / 1000:.1f} kW budget"
@@ -240,7 +278,9 @@ async def _view(bus: MqttBus, view: DemoView, out: TextIO, *, tty: bool) -> None
         tg.create_task(draw())
 
 
-async def run_demo(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoView:
+async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per part
+    options: DemoOptions, *, out: TextIO = sys.stdout
+) -> DemoView:
     """Run broker, aggregator, agents and the live view until the duration or a signal."""
     log = structlog.get_logger()
     stop = asyncio.Event()
@@ -327,6 +367,18 @@ async def run_demo(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoVie
                 ),
             ),
             control=ControlSettings(interval_s=1.0, lease_s=10.0, warmup_s=5.0),
+            cooling=CoolingSettings(
+                loops=tuple(
+                    LoopSpec(
+                        name=f"loop{r + 1}",
+                        cdu=f"cdu{r + 1}",
+                        racks=(f"rack{r + 1}",),
+                        heat_capacity_kw=CDU_RATINGS.heat_capacity_kw,
+                        design_flow_lpm=CDU_RATINGS.design_flow_lpm,
+                    )
+                    for r in range(options.racks)
+                )
+            ),
             influx=InfluxSettings(
                 url=options.influx_url,
                 api="v1" if options.influx_api == "v1" else "v2",
@@ -339,6 +391,27 @@ async def run_demo(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoVie
             sink=make_sink(aggregator_settings.influx, state_dir=work / "aggregator"),
         )
         view = DemoView(options, budget_w)
+        plants = [
+            SimulatedCdu(
+                f"cdu{r + 1}",
+                loop=f"loop{r + 1}",
+                ratings=CDU_RATINGS,
+                seed=options.seed + r,
+                heat_kw=10.0,
+            )
+            for r in range(options.racks)
+        ]
+        cdu_bus = MqttBus(mqtt, client_id="polca-demo-cdus")
+
+        def rack_power(rack: str) -> Callable[[], dict[str, float]]:
+            def power() -> dict[str, float]:
+                summary = view.summary
+                if summary is None:
+                    return {}
+                return {r.rack: r.power_w for r in summary.racks if r.rack == rack}
+
+            return power
+
         view_bus = MqttBus(
             mqtt,
             client_id="polca-demo-view",
@@ -347,6 +420,9 @@ async def run_demo(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoVie
                 (f"polca/v1/{SITE}/{ROW}/+/+/telemetry", 0),
                 (f"polca/v1/{SITE}/{ROW}/+/+/events", 0),
                 (f"polca/v1/{SITE}/aggregator/+/events", 0),
+                (f"polca/v1/{SITE}/cooling/loop/+/state", 0),
+                (f"polca/v1/{SITE}/cooling/loop/+/alarms", 1),
+                (f"polca/v1/{SITE}/{ROW}/+/control", 0),
             ],
         )
         log.info(
@@ -360,6 +436,24 @@ async def run_demo(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoVie
             view_task = tg.create_task(_view(view_bus, view, out, tty=out.isatty()))
             agg_task = tg.create_task(aggregator.run())
             agent_tasks = [tg.create_task(a.run()) for a in agents]
+            tg.create_task(cdu_bus.run())
+            plant_tasks = [
+                tg.create_task(
+                    run_plant(
+                        cdu_bus,
+                        plant,
+                        site=SITE,
+                        interval_s=1.0,
+                        rack_power_w=rack_power(f"rack{r + 1}"),
+                    )
+                )
+                for r, plant in enumerate(plants)
+            ]
+            if options.incident_at_s is not None and len(plants) > 1:
+                loop = asyncio.get_running_loop()
+                victim = plants[1]
+                loop.call_later(options.incident_at_s, victim.fail_pump)
+                loop.call_later(options.incident_at_s + options.incident_s, victim.restore_pump)
             await stop.wait()
             # Stop the controller first so agents don't fail-safe while stopping.
             aggregator.stop_requested.set()
@@ -368,6 +462,9 @@ async def run_demo(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoVie
                 agent.stop_requested.set()
             await asyncio.gather(*agent_tasks)
             view_task.cancel()
+            for task in plant_tasks:
+                task.cancel()
+            await cdu_bus.close(timeout_s=1.0)
             await view_bus.close(timeout_s=1.0)
         out.write(view.render())
         out.write(view.closing_summary())

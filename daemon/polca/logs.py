@@ -85,5 +85,5 @@ def configure(
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")
-    for noisy in ("amqtt", "transitions", "paho"):
+    for noisy in ("amqtt", "transitions", "paho", "pymodbus"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

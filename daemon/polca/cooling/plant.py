@@ -39,15 +39,17 @@ generate long traces for the alarm tests.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, NamedTuple
 
+from polca.cooling.faults import FAULT_KINDS, FaultKind
 from polca.gpu.loads import MASK64, mix64
-from polca.telemetry.schema import CduTelemetry, CoolantConnector, LeakDetector, Pump
+from polca.telemetry.schema import CduTelemetry
 
 __all__ = [
     "COOLANT_CP_KJ_PER_KG_K",
@@ -102,19 +104,6 @@ SENSORS: tuple[str, ...] = (
     "valve_position_pct",
 )
 """Readings that ``stick_sensor`` and ``drift_sensor`` accept (CduTelemetry dotted paths)."""
-
-FaultKind = Literal[
-    "pump_failure",
-    "all_pumps_failure",
-    "loss_of_flow",
-    "fouling",
-    "facility_water_rise",
-    "leak",
-    "stuck_sensor",
-    "drifting_sensor",
-    "telemetry_loss",
-]
-FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
 
 
 def mass_flow_kg_s(flow_lpm: float) -> float:
@@ -204,13 +193,15 @@ class CduRatings:
         return self.loop_volume_l * COOLANT_DENSITY_KG_PER_L * COOLANT_CP_KJ_PER_KG_K
 
 
-@dataclass(frozen=True, slots=True)
-class CduSample:
+class CduSample(NamedTuple):
     """One reading of every sensor, as the CDU would report it (noise and faults included).
 
     ``heat_input_kw`` is the true heat put into the loop (not a sensor). ``pumps`` holds
     ``(name, state, speed_pct)``, ``leak_detectors`` ``(name, state)``.
     ``telemetry_lost`` says that the CDU is not publishing this reading.
+
+    A named tuple rather than a frozen dataclass: a day-long trace builds 86,400 of them
+    and a tuple is built four times faster.
     """
 
     t_s: float
@@ -238,32 +229,35 @@ class CduSample:
 
         Temperatures, flows and pressures to 0.01, heat to 0.001 kW, percentages to 0.1.
         """
-        return CduTelemetry(
-            ts_ns=self.ts_ns,
-            cdu=self.cdu,
-            loop=self.loop,
-            secondary=CoolantConnector(
-                supply_temp_c=round(self.supply_temp_c, 2),
-                return_temp_c=round(self.return_temp_c, 2),
-                flow_lpm=round(self.flow_lpm, 2),
-                delta_pressure_kpa=round(self.delta_pressure_kpa, 2),
-                heat_removed_kw=round(self.heat_removed_kw, 3),
-            ),
-            primary=CoolantConnector(
-                supply_temp_c=round(self.primary_supply_temp_c, 2),
-                return_temp_c=round(self.primary_return_temp_c, 2),
-                flow_lpm=round(self.primary_flow_lpm, 2),
-                heat_removed_kw=round(self.primary_heat_removed_kw, 3),
-            ),
-            pumps=tuple(
-                Pump(name=name, state=state, speed_pct=round(speed, 1))
-                for name, state, speed in self.pumps
-            ),
-            leak_detectors=tuple(
-                LeakDetector(name=name, state=state) for name, state in self.leak_detectors
-            ),
-            valve_position_pct=round(self.valve_position_pct, 1),
-            status=self.status,
+        # One nested dict validated at once is twice as fast as nested model constructors.
+        return CduTelemetry.model_validate(
+            {
+                "ts_ns": self.ts_ns,
+                "cdu": self.cdu,
+                "loop": self.loop,
+                "secondary": {
+                    "supply_temp_c": round(self.supply_temp_c, 2),
+                    "return_temp_c": round(self.return_temp_c, 2),
+                    "flow_lpm": round(self.flow_lpm, 2),
+                    "delta_pressure_kpa": round(self.delta_pressure_kpa, 2),
+                    "heat_removed_kw": round(self.heat_removed_kw, 3),
+                },
+                "primary": {
+                    "supply_temp_c": round(self.primary_supply_temp_c, 2),
+                    "return_temp_c": round(self.primary_return_temp_c, 2),
+                    "flow_lpm": round(self.primary_flow_lpm, 2),
+                    "heat_removed_kw": round(self.primary_heat_removed_kw, 3),
+                },
+                "pumps": [
+                    {"name": name, "state": state, "speed_pct": round(speed, 1)}
+                    for name, state, speed in self.pumps
+                ],
+                "leak_detectors": [
+                    {"name": name, "state": state} for name, state in self.leak_detectors
+                ],
+                "valve_position_pct": round(self.valve_position_pct, 1),
+                "status": self.status,
+            }
         )
 
 
@@ -365,7 +359,24 @@ class SimulatedCdu:
         self._stuck: dict[str, float] = {}
         self._drift: dict[str, tuple[float, float]] = {}  # sensor -> (rate per s, since)
         self._telemetry_lost = False
-        self._last: dict[str, float] = {}
+        self._last: list[float] = []  # the last reported value of each of SENSORS
+        flow_sigma = FLOW_NOISE_FRACTION * r.design_flow_lpm
+        self._two_sigmas = tuple(
+            2.0 * sigma
+            for sigma in (
+                TEMP_NOISE_C,
+                TEMP_NOISE_C,
+                flow_sigma,
+                PRESSURE_NOISE_KPA,
+                TEMP_NOISE_C,
+                TEMP_NOISE_C,
+                flow_sigma,
+                VALVE_NOISE_PCT,
+            )
+        )
+        self._no_leaks: tuple[tuple[str, LeakState], ...] = tuple(
+            (name, "ok") for name in self._leak_names
+        )
 
         self._alpha_cache: dict[float, tuple[float, float, float]] = {}
 
@@ -405,7 +416,7 @@ class SimulatedCdu:
         self._check_pump(index)
         was_running = self._pump_states[index] == "running"
         self._pump_states[index] = "failed"
-        if was_running and self._failover_at_s is None:
+        if was_running and self._failover_at_s is None and "standby" in self._pump_states:
             self._failover_at_s = t + self.ratings.failover_delay_s
 
     def fail_all_pumps(self, *, now_s: float | None = None) -> None:
@@ -491,8 +502,8 @@ class SimulatedCdu:
         """Freeze a reading at ``value`` (default: its last reported value)."""
         self._advance(now_s)
         self._check_sensor(sensor)
-        if value is None:
-            value = self._last.get(sensor)
+        if value is None and self._last:
+            value = self._last[SENSORS.index(sensor)]
         if value is None:
             value = self._true_values()[sensor]
         self._stuck[sensor] = value
@@ -602,8 +613,6 @@ class SimulatedCdu:
     def sample(self, now_s: float | None = None) -> CduSample:
         """Advance to ``now_s`` (default: the clock) and read every sensor."""
         t = self._advance(now_s)
-        r = self.ratings
-        flow_sigma = FLOW_NOISE_FRACTION * r.design_flow_lpm
         fw_c, p_ret_c, p_flow, valve = self._primary(t)
         values = [
             self._supply_c,
@@ -616,21 +625,13 @@ class SimulatedCdu:
             valve,
         ]
         # Bounded noise: the sum of three uniforms (Irwin-Hall), scaled to one sigma, is
-        # bell-shaped, cheap and never beyond NOISE_CLIP_SIGMA = 3 sigma.
+        # bell-shaped, cheap and never beyond NOISE_CLIP_SIGMA = 3 sigma. It is drawn for
+        # every sensor, faulty or not, so a fault does not shift the others' noise.
         rand = self._rng.random
-        for i, sigma in enumerate(
-            (
-                TEMP_NOISE_C,
-                TEMP_NOISE_C,
-                flow_sigma,
-                PRESSURE_NOISE_KPA,
-                TEMP_NOISE_C,
-                TEMP_NOISE_C,
-                flow_sigma,
-                VALVE_NOISE_PCT,
-            )
-        ):
-            values[i] += (rand() + rand() + rand() - 1.5) * 2.0 * sigma
+        values = [
+            v + (rand() + rand() + rand() - 1.5) * two_sigma
+            for v, two_sigma in zip(values, self._two_sigmas, strict=True)
+        ]
         if self._drift or self._stuck:
             for i, sensor in enumerate(SENSORS):
                 drift = self._drift.get(sensor)
@@ -639,11 +640,11 @@ class SimulatedCdu:
                 stuck = self._stuck.get(sensor)
                 if stuck is not None:
                     values[i] = stuck
+        values[2] = max(0.0, values[2])  # flows
+        values[6] = max(0.0, values[6])
+        values[7] = min(100.0, max(0.0, values[7]))  # valve
+        self._last = values
         sup, ret, flow, dp, p_sup, p_ret, p_flw, valve_pct = values
-        flow = max(0.0, flow)
-        p_flw = max(0.0, p_flw)
-        valve_pct = min(100.0, max(0.0, valve_pct))
-        self._last = dict(zip(SENSORS, (sup, ret, flow, dp, p_sup, p_ret, p_flw, valve_pct)))
         leaks = self._leak_states(t)
         pumps = tuple(
             (name, state, speed * 100.0 if state == "running" else 0.0)
@@ -733,7 +734,9 @@ class SimulatedCdu:
 
         # Failover: start standby pumps once the delay has passed.
         running = self._running_count()
-        if running < r.pumps_required and "standby" in states:
+        if "standby" not in states:
+            self._failover_at_s = None
+        elif running < r.pumps_required:
             if self._failover_at_s is None:
                 self._failover_at_s = t + r.failover_delay_s
             if t_end >= self._failover_at_s:
@@ -745,8 +748,9 @@ class SimulatedCdu:
                         running += 1
                 self._failover_at_s = None
 
-        # Pumps: running ones chase the speed that holds the design flow, others spin down.
-        open_fraction = (1.0 - self._blockage) * (1.0 - self._leak_flow_loss)
+        # Pumps: running ones chase the speed that holds the design flow through a blocked
+        # loop, others spin down. Coolant lost to a leak they cannot make up for.
+        open_fraction = 1.0 - self._blockage
         if running and open_fraction > 0.01:
             target_speed = r.design_flow_lpm / (running * self._pump_max_lpm * open_fraction)
             target_speed = min(1.0, max(MIN_PUMP_SPEED, target_speed))
@@ -757,7 +761,8 @@ class SimulatedCdu:
             goal = target_speed if state == "running" else 0.0
             speeds[i] += (goal - speeds[i]) * a_pump
             capacity_lpm += speeds[i] * self._pump_max_lpm
-        self._flow_lpm += (capacity_lpm * open_fraction - self._flow_lpm) * a_flow
+        delivered_lpm = capacity_lpm * open_fraction * (1.0 - self._leak_flow_loss)
+        self._flow_lpm += (delivered_lpm - self._flow_lpm) * a_flow
 
         # Heat exchanger: hold the setpoint if the approach allows, with a lag.
         mcp = self._mcp(self._flow_lpm)
@@ -822,6 +827,8 @@ class SimulatedCdu:
         }
 
     def _leak_states(self, t: float) -> tuple[tuple[str, LeakState], ...]:
+        if not self._leaks:
+            return self._no_leaks
         states: list[tuple[str, LeakState]] = []
         for i, name in enumerate(self._leak_names):
             leak = self._leaks.get(i)
@@ -836,10 +843,10 @@ class SimulatedCdu:
     def _status(self, leaks: tuple[tuple[str, LeakState], ...]) -> Health:
         """The CDU's own summary: critical on a critical leak or no pump left to run."""
         no_pump = self._running_count() == 0 and self._failover_at_s is None
-        if no_pump or any(state == "critical" for _, state in leaks):
+        if no_pump or (self._leaks and any(state == "critical" for _, state in leaks)):
             return "critical"
         if (
-            any(state == "warning" for _, state in leaks)
+            self._leaks
             or "failed" in self._pump_states
             or self._supply_c > self.ratings.supply_max_c
         ):
@@ -859,6 +866,12 @@ class SimulatedCdu:
         if sensor not in SENSORS:
             msg = f"unknown sensor {sensor!r}; known: {', '.join(SENSORS)}"
             raise ValueError(msg)
+
+
+@functools.lru_cache(maxsize=64)
+def _jitter(seed: int, slot: int) -> float:
+    """A uniform value in [-1, 1] for one time slot (a hash, so it needs no state)."""
+    return mix64((seed << 32) ^ slot) / MASK64 * 2.0 - 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -882,8 +895,7 @@ class DiurnalLoad:
         phase = 2.0 * math.pi * ((t_s / 86_400.0) - 4.0 / 24.0)
         swing = 0.5 - 0.5 * math.cos(phase)  # 0 at 04:00, 1 at 16:00
         mid = self.low_fraction + (self.high_fraction - self.low_fraction) * swing
-        slot = int(t_s // self.step_s)
-        jitter = mix64((self.seed << 32) ^ slot) / MASK64 * 2.0 - 1.0
+        jitter = _jitter(self.seed, int(t_s // self.step_s))
         fraction = mid + self.jitter_fraction * jitter
         lo, hi = self.low_fraction - self.jitter_fraction, self.high_fraction
         return self.capacity_kw * min(hi, max(lo, fraction))

@@ -1,0 +1,292 @@
+"""``polca cdu``: run a CDU telemetry source as a process.
+
+- ``polca cdu simulate``: a simulated CDU (``SimulatedCdu``) publishing its telemetry; its
+  heat input is constant (``--heat-kw``) or follows the agents' telemetry of the racks it
+  serves (``--rack ROW/RACK``); ``--fault KIND@START[:END]`` scripts incidents.
+- ``polca cdu modbus --config FILE``: poll a real CDU over Modbus TCP with a register map
+  and publish its telemetry; ``--once`` prints one reading and exits (commissioning).
+
+``polca.cli`` wires these in with ``add_parsers(sub)`` and ``main(args)``. Exit codes as
+the rest of polca: 0, 1 on a failure, 78 (EX_CONFIG) for a configuration problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from polca.cooling.faults import FAULT_KINDS, FaultEvent, parse_fault
+
+if TYPE_CHECKING:
+    from polca.cooling.config import CduSettings
+    from polca.cooling.plant import SimulatedCdu
+    from polca.telemetry.bus import MqttBus
+
+__all__ = ["add_parsers", "main"]
+
+EX_CONFIG = 78
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Add ``cdu simulate`` and ``cdu modbus`` to the ``polca`` sub-command parsers."""
+    cdu = subparsers.add_parser("cdu", help="CDU telemetry sources: simulated plant, Modbus")
+    csub = cdu.add_subparsers(dest="cdu_command", required=True)
+
+    sim = csub.add_parser("simulate", help="publish the telemetry of a simulated CDU")
+    _common(sim)
+    sim.add_argument("--name", default="cdu1", help="CDU name (topic segment)")
+    sim.add_argument("--loop", default="loop1", help="cooling loop it serves")
+    sim.add_argument(
+        "--rack",
+        action="append",
+        default=[],
+        metavar="ROW/RACK",
+        help="a rack the loop serves: heat input from its agents' telemetry (repeatable)",
+    )
+    sim.add_argument(
+        "--heat-kw", type=float, default=60.0, help="constant heat input without --rack"
+    )
+    sim.add_argument("--capacity-kw", type=float, default=100.0)
+    sim.add_argument("--design-flow-lpm", type=float, default=150.0)
+    sim.add_argument("--setpoint-c", type=float, default=30.0)
+    sim.add_argument("--capture-fraction", type=float, default=0.8)
+    sim.add_argument("--pumps", type=int, default=2)
+    sim.add_argument("--redundancy", type=int, default=1)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--fault",
+        type=parse_fault,
+        action="append",
+        default=[],
+        metavar="KIND@START[:END]",
+        help=f"script a fault, seconds from start (repeatable): {', '.join(FAULT_KINDS)}",
+    )
+
+    mb = csub.add_parser("modbus", help="poll a CDU over Modbus TCP and publish its telemetry")
+    _common(mb)
+    mb.add_argument(
+        "--once", action="store_true", help="print one reading as JSON and exit (no MQTT)"
+    )
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None, help="YAML settings file")
+    p.add_argument("--broker", default=None, help="MQTT broker host[:port]")
+    p.add_argument("--site", default=None, help="site name (default: settings, 'site')")
+    p.add_argument("--interval", type=float, default=None, help="publish period in seconds")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    p.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``polca cdu ...``; returns the exit code."""
+    # Imported here, not at the top: ``polca`` builds this parser for every command.
+    import structlog  # noqa: PLC0415
+
+    from polca import logs  # noqa: PLC0415
+    from polca.errors import ConfigError, FatalError  # noqa: PLC0415
+
+    try:
+        settings = _settings(args)
+        if args.cdu_command == "modbus" and settings.modbus is None:
+            msg = "polca cdu modbus needs a 'modbus:' section (the CDU and its map) in --config"
+            raise ConfigError(msg)
+    except FatalError as exc:
+        logs.configure(stream=sys.stderr)
+        structlog.get_logger().error("config_invalid", error=str(exc))
+        return EX_CONFIG
+    logs.configure(level=settings.logging.level, fmt=settings.logging.format, stream=sys.stderr)
+    # The poller logs outages once; pymodbus would log every failed connect.
+    logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
+    log = structlog.get_logger()
+    try:
+        if args.cdu_command == "simulate":
+            asyncio.run(_simulate(args, settings))
+        elif args.once:
+            return asyncio.run(_poll_once(settings))
+        else:
+            asyncio.run(_modbus(args, settings))
+    except (Exception, KeyboardInterrupt) as exc:
+        return _exit_code(exc, log)
+    return 0
+
+
+def _settings(args: argparse.Namespace) -> CduSettings:
+    from polca.cooling.config import CduSettings  # noqa: PLC0415
+    from polca.settings import load_settings_as  # noqa: PLC0415
+
+    over: dict[str, Any] = {}
+    if args.broker:
+        host, sep, port = args.broker.rpartition(":")
+        over["mqtt"] = {"host": host, "port": int(port)} if sep else {"host": args.broker}
+    if args.site:
+        over["site"] = args.site
+    if args.interval:
+        over["interval_s"] = args.interval
+    log_over = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
+    if log_over:
+        over["logging"] = log_over
+    return load_settings_as(CduSettings, args.config, **over)
+
+
+def _exit_code(exc: BaseException, log: Any) -> int:
+    from polca.errors import FatalError  # noqa: PLC0415
+
+    leaves = _leaves(exc)
+    if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        return 130
+    code = 1
+    for leaf in leaves:
+        if isinstance(leaf, FatalError):
+            log.critical("cdu_fatal", error=str(leaf), kind=type(leaf).__name__)
+            code = EX_CONFIG
+        elif not isinstance(leaf, KeyboardInterrupt):
+            log.critical("cdu_failed", error=str(leaf), kind=type(leaf).__name__)
+    return code
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+async def _simulate(args: argparse.Namespace, settings: CduSettings) -> None:
+    from polca.cooling.plant import CduRatings, SimulatedCdu  # noqa: PLC0415
+    from polca.cooling.publisher import (  # noqa: PLC0415
+        RackPowerTracker,
+        run_plant,
+        track_rack_power,
+    )
+    from polca.telemetry.bus import MqttBus  # noqa: PLC0415
+    from polca.telemetry.topics import Topics  # noqa: PLC0415
+
+    ratings = CduRatings(
+        heat_capacity_kw=args.capacity_kw,
+        design_flow_lpm=args.design_flow_lpm,
+        supply_setpoint_c=args.setpoint_c,
+        supply_min_c=args.setpoint_c - 10.0,
+        supply_max_c=args.setpoint_c + 5.0,
+        capture_fraction=args.capture_fraction,
+        pump_count=args.pumps,
+        pump_redundancy=args.redundancy,
+    )
+    plant = SimulatedCdu(
+        args.name, loop=args.loop, ratings=ratings, seed=args.seed, heat_kw=args.heat_kw
+    )
+    topics = Topics(settings.topic_root)
+    rows = sorted({rack.split("/", 1)[0] for rack in args.rack})
+    bus = MqttBus(
+        settings.mqtt,
+        client_id=settings.mqtt.client_id or f"polca-cdu-{args.name}",
+        subscriptions=[(topics.all_nodes(settings.site, row, "telemetry"), 0) for row in rows],
+    )
+    tracker = RackPowerTracker(topics=topics, racks=args.rack) if args.rack else None
+    loops: list[tuple[str, Coroutine[Any, Any, object]]] = [
+        (
+            "cdu-plant",
+            run_plant(
+                bus,
+                plant,
+                site=settings.site,
+                interval_s=settings.interval_s,
+                rack_power_w=tracker.power_w if tracker is not None else None,
+                topics=topics,
+            ),
+        )
+    ]
+    if tracker is not None:
+        loops.append(("rack-power", track_rack_power(bus, tracker)))
+    if args.fault:
+        loops.append(("cdu-faults", _fault_script(plant, args.fault)))
+    await _serve(bus, loops, duration_s=args.duration)
+
+
+async def _fault_script(plant: SimulatedCdu, events: list[FaultEvent]) -> None:
+    """Inject and clear the scripted faults at their times, then idle."""
+    import structlog  # noqa: PLC0415
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    actions = sorted(
+        [(e.start_s, True, e.kind) for e in events]
+        + [(e.end_s, False, e.kind) for e in events if e.end_s is not None]
+    )
+    log = structlog.get_logger()
+    for at_s, inject, kind in actions:
+        await asyncio.sleep(max(0.0, start + at_s - loop.time()))
+        if inject:
+            plant.inject(kind)
+        else:
+            plant.clear(kind)
+        log.warning(
+            "cdu_fault_injected" if inject else "cdu_fault_cleared", cdu=plant.name, fault=kind
+        )
+    await asyncio.Event().wait()  # eternal, like the other loops
+
+
+async def _modbus(args: argparse.Namespace, settings: CduSettings) -> None:
+    from polca.cooling.modbus import ModbusCduPoller  # noqa: PLC0415 - imports pymodbus
+    from polca.cooling.publisher import run_poller  # noqa: PLC0415
+    from polca.telemetry.bus import MqttBus  # noqa: PLC0415
+    from polca.telemetry.topics import Topics  # noqa: PLC0415
+
+    assert settings.modbus is not None  # noqa: S101 - checked in main()
+    poller = ModbusCduPoller(settings.modbus)
+    bus = MqttBus(
+        settings.mqtt, client_id=settings.mqtt.client_id or f"polca-cdu-{settings.modbus.cdu}"
+    )
+    loop = run_poller(
+        bus,
+        poller,
+        site=settings.site,
+        interval_s=settings.interval_s,
+        topics=Topics(settings.topic_root),
+    )
+    await _serve(bus, [("cdu-modbus", loop)], duration_s=args.duration)
+
+
+async def _poll_once(settings: CduSettings) -> int:
+    from polca.cooling.modbus import ModbusCduPoller  # noqa: PLC0415 - imports pymodbus
+    from polca.errors import FatalError, PolcaError  # noqa: PLC0415
+
+    assert settings.modbus is not None  # noqa: S101 - checked in main()
+    poller = ModbusCduPoller(settings.modbus)
+    try:
+        telemetry = await poller.poll()
+    except PolcaError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return EX_CONFIG if isinstance(exc, FatalError) else 1
+    finally:
+        poller.close()
+    sys.stdout.write(telemetry.model_dump_json(indent=2) + "\n")
+    return 0
+
+
+async def _serve(
+    bus: MqttBus,
+    loops: list[tuple[str, Coroutine[Any, Any, object]]],
+    *,
+    duration_s: float | None,
+) -> None:
+    """Run the bus and ``loops`` until SIGTERM/SIGINT or ``duration_s``; close cleanly."""
+    from polca import aiokit  # noqa: PLC0415
+
+    stop = asyncio.Event()
+    aiokit.install_signal_handlers(stop, asyncio.Event())
+    if duration_s is not None:
+        asyncio.get_running_loop().call_later(duration_s, stop.set)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(bus.run(), name="mqtt")  # returns after close()
+        tasks = [tg.create_task(aiokit.guard(name, coro), name=name) for name, coro in loops]
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        await bus.close(timeout_s=2.0)

@@ -1,0 +1,28 @@
+"""Settings of a ``polca cdu`` process: MQTT, logging, site, period, and the Modbus CDU.
+
+Read like every polca process's settings (``polca.settings.load_settings_as``): the YAML
+file named by ``--config``, ``POLCA_*`` environment variables, secrets from files or
+systemd credentials. ``deploy/cdu-modbus.example.yaml`` is a complete example.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from polca.cooling.registers import ModbusCduConfig
+from polca.settings import ProcessSettings
+
+__all__ = ["CduSettings"]
+
+_SEGMENT = r"^[A-Za-z0-9_.-]+$"
+
+
+class CduSettings(ProcessSettings):
+    """Settings of a ``polca cdu`` process (YAML via ``--config``, ``POLCA_*`` env)."""
+
+    topic_root: str = Field("polca/v1", description="Topic root, including the version.")
+    site: str = Field("site", pattern=_SEGMENT, description="Site name (topic segment).")
+    interval_s: float = Field(1.0, gt=0, le=3600, description="Publish (and poll) period.")
+    modbus: ModbusCduConfig | None = Field(
+        None, description="The CDU and its register map (polca cdu modbus)."
+    )

@@ -1,0 +1,309 @@
+"""Poll a CDU over Modbus TCP: the only module that imports ``pymodbus``.
+
+Why it exists: most CDUs in the field speak Modbus TCP, not MQTT. ``ModbusCduPoller``
+reads the registers of a register map (``polca.cooling.registers``) in as few requests as
+the map allows, decodes them and returns a ``CduTelemetry``, which ``run_poller``
+(``polca.cooling.publisher``) publishes like any CDU's own telemetry.
+
+How it fails:
+
+- Reconnection lives outside the client, as for MQTT (``polca.telemetry.bus``): a fresh
+  client per connection, pymodbus' own reconnect and retries off. A poll that cannot
+  connect, times out (``timeout_s`` bounds the connect and each read) or loses the
+  connection drops the client and raises ``TransportError``; polls during the jittered,
+  exponential backoff that follows raise at once, without touching the network.
+- An outage is logged once (``modbus_unreachable``, warning) and its end once
+  (``modbus_recovered``, info, with its length); the failed polls between are debug.
+- A device that rejects a read as an illegal function, address or value (Modbus exception
+  codes 1-3) is answering, but the map does not fit it: ``ConfigError``. Other exception
+  codes (busy, gateway) are transient: ``TransportError``.
+- A value that cannot be decoded (NaN, out of bounds, unknown state code) leaves its field
+  out (states take their conservative value) and is logged once until it is good again
+  (``modbus_value_invalid``).
+
+What it must not do: publish (the publisher does), or sleep between polls (the caller
+schedules them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+from pymodbus.client import AsyncModbusTcpClient
+from pymodbus.exceptions import ModbusException
+from pymodbus.pdu import ExceptionResponse
+
+from polca import aiokit
+from polca.cooling.registers import (
+    DecodeProblem,
+    ModbusCduConfig,
+    ReadBlock,
+    Table,
+    assemble,
+    decode_point,
+    plan_reads,
+)
+from polca.errors import ConfigError, TransportError
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from polca.telemetry.schema import CduTelemetry
+
+__all__ = ["ClientFactory", "ModbusCduPoller", "PymodbusClient", "RegisterClient"]
+
+# Modbus exception codes meaning "your request does not fit me": illegal function, data
+# address, data value. Retrying the same map cannot help.
+_MAP_ERRORS = frozenset({1, 2, 3})
+
+
+class RegisterClient(Protocol):
+    """The seam to a Modbus device: connect, read registers, close."""
+
+    async def connect(self) -> None:
+        """Open the connection; raise ``TransportError`` if the device is unreachable."""
+
+    async def read(self, table: Table, address: int, count: int) -> Sequence[int]:
+        """``count`` registers of ``table`` from ``address``.
+
+        Raises ``TransportError`` on a connection problem and ``ConfigError`` when the
+        device rejects the request as not fitting it (exception codes 1-3).
+        """
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+
+
+ClientFactory = Callable[[ModbusCduConfig], RegisterClient]
+
+
+class PymodbusClient:
+    """``RegisterClient`` over pymodbus' ``AsyncModbusTcpClient``, with its retries off."""
+
+    def __init__(self, config: ModbusCduConfig) -> None:
+        """Prepare a client for ``config``'s device (no I/O)."""
+        self._config = config
+        self._where = f"{config.host}:{config.port}"
+        # reconnect_delay=0: no reconnect inside the client; retries=0: one try per read.
+        self._client = AsyncModbusTcpClient(
+            config.host,
+            port=config.port,
+            timeout=config.timeout_s,
+            retries=0,
+            reconnect_delay=0,
+            name=f"polca-{config.cdu}",
+        )
+
+    async def connect(self) -> None:
+        """Connect; ``TransportError`` when the device does not answer."""
+        try:
+            connected = await self._client.connect()
+        except (OSError, ModbusException) as exc:
+            msg = f"cannot connect to Modbus device {self._where}: {exc}"
+            raise TransportError(msg) from exc
+        if not connected:
+            msg = f"cannot connect to Modbus device {self._where}"
+            raise TransportError(msg)
+
+    async def read(self, table: Table, address: int, count: int) -> Sequence[int]:
+        """Read holding (function 3) or input (function 4) registers."""
+        reader = (
+            self._client.read_holding_registers
+            if table == "holding"
+            else self._client.read_input_registers
+        )
+        try:
+            response = await reader(address, count=count, device_id=self._config.device_id)
+        except (OSError, ModbusException) as exc:
+            msg = (
+                f"Modbus read of {count} {table} registers at {address} from "
+                f"{self._where} failed: {exc}"
+            )
+            raise TransportError(msg) from exc
+        if isinstance(response, ExceptionResponse) or response.isError():
+            code = getattr(response, "exception_code", None)
+            msg = (
+                f"Modbus device {self._where} (device id {self._config.device_id}) rejected "
+                f"a read of {count} {table} registers at {address}: exception code {code}"
+            )
+            if code in _MAP_ERRORS:
+                msg += (
+                    "; the register map does not fit the device (check the addresses, "
+                    "tables and device_id)"
+                )
+                raise ConfigError(msg)
+            raise TransportError(msg)
+        registers = list(response.registers)
+        if len(registers) < count:
+            msg = f"Modbus device {self._where} returned {len(registers)} of {count} registers"
+            raise TransportError(msg)
+        return registers
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._client.close()
+
+
+class ModbusCduPoller:
+    """Polls one CDU over Modbus TCP and turns its registers into ``CduTelemetry``."""
+
+    def __init__(
+        self,
+        config: ModbusCduConfig,
+        *,
+        client_factory: ClientFactory | None = None,
+        time_ns: Callable[[], int] = time.time_ns,
+        rng: random.Random | None = None,
+        logger: FilteringBoundLogger | None = None,
+    ) -> None:
+        """Plan the reads of ``config``'s map; no I/O (the first ``poll()`` connects)."""
+        self.config = config
+        self.blocks: tuple[ReadBlock, ...] = plan_reads(
+            config.points,
+            max_gap=config.max_gap_registers,
+            max_count=config.max_registers_per_read,
+        )
+        """The read requests of one poll, in order."""
+        self._factory: ClientFactory = client_factory or PymodbusClient
+        self._time_ns = time_ns
+        self._rng = rng
+        self._log: FilteringBoundLogger = (
+            logger if logger is not None else structlog.get_logger(__name__)
+        ).bind(cdu=config.cdu, host=config.host, port=config.port)
+        self._client: RegisterClient | None = None
+        self._backoff: Iterator[float] = self._new_backoff()
+        self._retry_at = 0.0  # loop time before which no connection is attempted
+        self._outage_since: float | None = None  # loop time of the first failure
+        self._failed_polls = 0
+        self._invalid: set[str] = set()  # fields whose last value could not be decoded
+        self.polls = 0
+        """Successful polls."""
+        self.failures = 0
+        """Failed polls (each raised ``TransportError``)."""
+        self.connects = 0
+        """Connections made."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open (it may still turn out to be broken)."""
+        return self._client is not None
+
+    @property
+    def in_outage(self) -> bool:
+        """Whether the last poll failed."""
+        return self._outage_since is not None
+
+    async def poll(self) -> CduTelemetry:
+        """Read every register of the map once; the CDU's telemetry.
+
+        Raises ``TransportError`` (with ``delay_s`` until the next connection attempt)
+        while the device is unreachable, and ``ConfigError`` when it rejects the map.
+        """
+        loop = asyncio.get_running_loop()
+        timeout_s = self.config.timeout_s
+        client = self._client
+        if client is None:
+            wait_s = self._retry_at - loop.time()
+            if wait_s > 0:
+                self.failures += 1
+                self._failed_polls += 1
+                msg = (
+                    f"Modbus device {self.config.host}:{self.config.port} unreachable; "
+                    f"next attempt in {wait_s:.1f} s"
+                )
+                raise TransportError(msg, delay_s=wait_s)
+            client = self._factory(self.config)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await client.connect()
+            except (TransportError, TimeoutError) as exc:
+                client.close()
+                raise self._failure(exc, loop.time()) from exc
+            self._client = client
+            self.connects += 1
+            self._log.debug("modbus_connected")
+        values: dict[str, float | str | DecodeProblem] = {}
+        try:
+            for block in self.blocks:
+                async with asyncio.timeout(timeout_s):
+                    registers = await client.read(block.table, block.address, block.count)
+                for point in block.points:
+                    start = point.address - block.address
+                    values[point.field] = decode_point(
+                        point,
+                        registers[start : start + point.width],
+                        word_order=self.config.word_order,
+                    )
+        except (TransportError, TimeoutError) as exc:
+            # A late answer must not be taken for the next request's: new connection.
+            self._drop_client()
+            raise self._failure(exc, loop.time()) from exc
+        except ConfigError:
+            self._drop_client()
+            raise
+        self._note_problems(values)
+        self._recovered(loop.time())
+        self.polls += 1
+        return assemble(self.config, values, ts_ns=self._time_ns())
+
+    def close(self) -> None:
+        """Close the connection, if any (the next poll reconnects)."""
+        self._drop_client()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _new_backoff(self) -> Iterator[float]:
+        return aiokit.backoff_delays(
+            self.config.reconnect_min_s, self.config.reconnect_max_s, rng=self._rng
+        )
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _failure(self, exc: BaseException, now: float) -> TransportError:
+        """Count a failed poll, schedule the next attempt, log once per outage."""
+        delay_s = next(self._backoff)
+        self._retry_at = now + delay_s
+        self.failures += 1
+        self._failed_polls += 1
+        error = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else type(exc).__name__)
+        if self._outage_since is None:
+            self._outage_since = now
+            self._log.warning("modbus_unreachable", error=error, retry_in_s=round(delay_s, 3))
+        else:
+            self._log.debug("modbus_poll_failed", error=error, retry_in_s=round(delay_s, 3))
+        msg = f"Modbus CDU {self.config.cdu} at {self.config.host}:{self.config.port}: {error}"
+        return TransportError(msg, delay_s=delay_s)
+
+    def _recovered(self, now: float) -> None:
+        if self._outage_since is None:
+            return
+        self._log.info(
+            "modbus_recovered",
+            outage_s=round(now - self._outage_since, 3),
+            failed_polls=self._failed_polls,
+        )
+        self._outage_since = None
+        self._failed_polls = 0
+        self._retry_at = 0.0
+        self._backoff = self._new_backoff()
+
+    def _note_problems(self, values: dict[str, float | str | DecodeProblem]) -> None:
+        """Log a field that cannot be decoded when it goes bad, and when it is good again."""
+        for field, value in values.items():
+            if isinstance(value, DecodeProblem):
+                if field not in self._invalid:
+                    self._invalid.add(field)
+                    self._log.warning(
+                        "modbus_value_invalid", field=field, raw=value.raw, reason=value.reason
+                    )
+            elif field in self._invalid:
+                self._invalid.discard(field)
+                self._log.info("modbus_value_valid", field=field)

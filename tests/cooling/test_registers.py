@@ -1,0 +1,267 @@
+"""Modbus register maps: validation, read planning and decoding (no network)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polca.cooling.registers import (
+    DecodeProblem,
+    RegisterPoint,
+    assemble,
+    decode_point,
+    load_map,
+    plan_reads,
+)
+from polca.errors import ConfigError
+from tests.cooling.conftest import word16, words32
+
+EXAMPLE_MAP = Path(__file__).resolve().parents[2] / "deploy" / "cdu-modbus.example.yaml"
+
+
+def base_map(*points: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A minimal valid map with ``points``."""
+    raw: dict[str, Any] = {"cdu": "cdu1", "loop": "loop1", "host": "127.0.0.1"}
+    raw["points"] = list(points) or [{"field": "secondary.supply_temp_c", "address": 0}]
+    raw.update(extra)
+    return raw
+
+
+def point(**kwargs: Any) -> RegisterPoint:
+    """A validated point."""
+    return RegisterPoint.model_validate(kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "order"),
+    [
+        ("uint32", 4_000_000_000, "big"),
+        ("uint32", 70_000, "little"),
+        ("int32", -123_456, "big"),
+        ("int32", -2, "little"),
+        ("float32", 31.25, "big"),
+        ("float32", -7.5, "little"),
+    ],
+)
+def test_decode_32_bit_types_in_both_word_orders(kind: str, value: float, order: str) -> None:
+    """32-bit integers and floats decode in big and little word order."""
+    p = point(field="secondary.heat_removed_kw", address=0, type=kind, word_order=order, scale=1e-5)
+    decoded = decode_point(p, words32(value, kind, word_order=order))
+    assert decoded == pytest.approx(value * 1e-5, rel=1e-12)
+
+
+def test_map_word_order_is_the_default() -> None:
+    """A point without word_order uses the map's."""
+    p = point(field="secondary.heat_removed_kw", address=0, type="int32")
+    little = words32(-5, "int32", word_order="little")
+    assert decode_point(p, little, word_order="little") == -5
+    assert decode_point(p, little, word_order="big") != -5
+
+
+def test_decode_16_bit_scale_offset_and_units() -> None:
+    """Scale and offset apply in the device's unit, then the unit is converted."""
+    fahrenheit = point(
+        field="secondary.supply_temp_c", address=0, type="int16", scale=0.1, unit="F"
+    )
+    assert decode_point(fahrenheit, [word16(860)]) == pytest.approx(30.0)
+    below_zero = point(field="primary.supply_temp_c", address=0, type="int16", scale=0.1)
+    assert decode_point(below_zero, [word16(-55)]) == pytest.approx(-5.5)
+    kelvin = point(field="primary.return_temp_c", address=0, scale=0.01, unit="K")
+    assert decode_point(kelvin, [30_315]) == pytest.approx(30.0)
+    gpm = point(field="secondary.flow_lpm", address=0, scale=0.1, unit="gpm")
+    assert decode_point(gpm, [396]) == pytest.approx(39.6 * 3.785411784)
+    psi = point(field="secondary.delta_pressure_kpa", address=0, scale=0.01, unit="psi")
+    assert decode_point(psi, [2176]) == pytest.approx(21.76 * 6.894757293168)
+    bar = point(field="secondary.delta_pressure_kpa", address=0, scale=0.01, unit="bar")
+    assert decode_point(bar, [150]) == pytest.approx(150.0)
+    watts = point(field="secondary.heat_removed_kw", address=0, type="uint32", unit="w")
+    assert decode_point(watts, words32(80_500, "uint32")) == pytest.approx(80.5)
+    offset = point(field="valve_position_pct", address=0, scale=0.5, offset=-10.0)
+    assert decode_point(offset, [100]) == pytest.approx(40.0)
+
+
+def test_decode_states_bits_and_bounds() -> None:
+    """Enums map codes to states; bits pick one flag; bad values become problems."""
+    pump = point(
+        field="pumps.0.state", address=0, enum={0: "off", 1: "running", 2: "standby", 3: "failed"}
+    )
+    assert decode_point(pump, [2]) == "standby"
+    unknown = decode_point(pump, [9])
+    assert isinstance(unknown, DecodeProblem)
+    assert "failed" in unknown.reason
+    leak = point(field="leak_detectors.0.state", address=0, bit=3, enum={0: "ok", 1: "critical"})
+    assert decode_point(leak, [0b1000]) == "critical"
+    assert decode_point(leak, [0b0111]) == "ok"
+    nan = point(field="secondary.supply_temp_c", address=0, type="float32")
+    assert isinstance(decode_point(nan, words32(math.nan, "float32")), DecodeProblem)
+    hot = point(field="secondary.supply_temp_c", address=0)
+    problem = decode_point(hot, [65_000])
+    assert isinstance(problem, DecodeProblem)
+    assert "outside" in problem.reason
+    valve = point(field="valve_position_pct", address=0, scale=0.1)
+    assert decode_point(valve, [1003]) == 100.0  # within slack: clamped
+    assert isinstance(decode_point(valve, [1100]), DecodeProblem)
+
+
+def test_plan_reads_groups_contiguous_registers() -> None:
+    """Contiguous registers of one table share a request; gaps and tables split them."""
+    config = load_map(
+        base_map(
+            {"field": "secondary.supply_temp_c", "address": 10},
+            {"field": "secondary.return_temp_c", "address": 11},
+            {"field": "secondary.heat_removed_kw", "address": 12, "type": "float32"},
+            {"field": "secondary.flow_lpm", "address": 20},
+            {"field": "primary.supply_temp_c", "address": 10, "table": "input"},
+            {"field": "primary.return_temp_c", "address": 11, "table": "input"},
+        )
+    )
+    blocks = plan_reads(config.points)
+    assert [(b.table, b.address, b.count) for b in blocks] == [
+        ("holding", 10, 4),
+        ("holding", 20, 1),
+        ("input", 10, 2),
+    ]
+    bridged = plan_reads(config.points, max_gap=6)
+    assert [(b.table, b.address, b.count) for b in bridged] == [
+        ("holding", 10, 11),
+        ("input", 10, 2),
+    ]
+    capped = plan_reads(config.points, max_count=3)
+    assert [(b.table, b.address, b.count) for b in capped] == [
+        ("holding", 10, 2),
+        ("holding", 12, 2),
+        ("holding", 20, 1),
+        ("input", 10, 2),
+    ]
+
+
+def test_plan_reads_shares_a_register_between_bits() -> None:
+    """Several bits of one status word cost one register in one request."""
+    config = load_map(
+        base_map(
+            {
+                "field": "leak_detectors.0.state",
+                "address": 5,
+                "bit": 0,
+                "enum": {0: "ok", 1: "critical"},
+            },
+            {
+                "field": "leak_detectors.1.state",
+                "address": 5,
+                "bit": 1,
+                "enum": {0: "ok", 1: "critical"},
+            },
+        )
+    )
+    assert [(b.address, b.count, len(b.points)) for b in plan_reads(config.points)] == [(5, 1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("points", "extra", "match"),
+    [
+        ([{"field": "secondary.colour", "address": 0}], {}, "unknown field"),
+        (
+            [{"field": "secondary.flow_lpm", "address": 0, "unit": "psi"}],
+            {},
+            "unit psi is a pressure",
+        ),
+        ([{"field": "pumps.0.state", "address": 0}], {}, "needs an enum"),
+        ([{"field": "pumps.0.state", "address": 0, "enum": {1: "spinning"}}], {}, "spinning"),
+        ([{"field": "secondary.flow_lpm", "address": 0, "enum": {1: "ok"}}], {}, "only for state"),
+        ([{"field": "secondary.flow_lpm", "address": 0, "type": "float32", "bit": 1}], {}, "bit 1"),
+        ([{"field": "secondary.flow_lpm", "address": 70000}], {}, "less than or equal"),
+        ([{"field": "secondary.flow_lpm", "address": 0, "type": "int8"}], {}, "type"),
+        (
+            [{"field": "pumps.1.speed_pct", "address": 0}],
+            {},
+            r"pumps \[0, 1\] have no state point",
+        ),
+        (
+            [
+                {"field": "secondary.flow_lpm", "address": 0},
+                {"field": "secondary.flow_lpm", "address": 1},
+            ],
+            {},
+            "mapped twice",
+        ),
+        ([], {"pumps": ["P1"]}, r"pumps \[0\] have no state point"),
+        ([], {"port": 0}, "port"),
+        ([], {"extra_key": 1}, "extra_key"),
+    ],
+)
+def test_bad_maps_are_refused_with_a_clear_error(
+    points: list[dict[str, Any]], extra: dict[str, Any], match: str
+) -> None:
+    """Every kind of bad map raises ConfigError naming the problem."""
+    with pytest.raises(ConfigError, match=match):
+        load_map(base_map(*points, **extra), where="test-map")
+
+
+def test_bad_map_file_names_the_file(tmp_path: Path) -> None:
+    """A map file that is not YAML, or invalid, is reported with its path."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("points: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"broken\.yaml"):
+        load_map(broken)
+    with pytest.raises(ConfigError, match=r"missing\.yaml"):
+        load_map(tmp_path / "missing.yaml")
+
+
+def test_assemble_builds_the_nested_message() -> None:
+    """Decoded values land in their CduTelemetry fields, with names from the map."""
+    config = load_map(
+        base_map(
+            {"field": "secondary.supply_temp_c", "address": 0},
+            {"field": "secondary.flow_lpm", "address": 1},
+            {"field": "primary.supply_temp_c", "address": 2},
+            {"field": "pumps.0.state", "address": 3, "enum": {1: "running"}},
+            {"field": "pumps.0.speed_pct", "address": 4},
+            {"field": "pumps.1.state", "address": 5, "enum": {1: "running"}},
+            {"field": "leak_detectors.0.state", "address": 6, "enum": {0: "ok"}},
+            {"field": "status", "address": 7, "enum": {0: "ok"}},
+            {"field": "valve_position_pct", "address": 8},
+            pumps=["P-A"],
+        )
+    )
+    message = assemble(
+        config,
+        {
+            "secondary.supply_temp_c": 30.5,
+            "secondary.flow_lpm": DecodeProblem("secondary.flow_lpm", 1, "bad"),
+            "primary.supply_temp_c": 21.0,
+            "pumps.0.state": "running",
+            "pumps.0.speed_pct": 70.0,
+            "pumps.1.state": DecodeProblem("pumps.1.state", 9, "unknown"),
+            "leak_detectors.0.state": DecodeProblem("leak_detectors.0.state", 9, "unknown"),
+            "status": "ok",
+            "valve_position_pct": 55.0,
+        },
+        ts_ns=123,
+    )
+    assert message.ts_ns == 123
+    assert message.secondary.supply_temp_c == 30.5
+    assert message.secondary.flow_lpm is None  # undecodable: left out
+    assert message.primary is not None
+    assert message.primary.supply_temp_c == 21.0
+    assert [(p.name, p.state, p.speed_pct) for p in message.pumps] == [
+        ("P-A", "running", 70.0),
+        ("pump2", "failed", None),  # unknown code: the conservative state
+    ]
+    assert [(d.name, d.state) for d in message.leak_detectors] == [("leak1", "critical")]
+    assert message.valve_position_pct == 55.0
+
+
+def test_example_map_is_valid() -> None:
+    """deploy/cdu-modbus.example.yaml validates and needs few requests."""
+    from polca.cooling.config import CduSettings
+    from polca.settings import load_settings_as
+
+    settings = load_settings_as(CduSettings, EXAMPLE_MAP)
+    assert settings.modbus is not None
+    config = settings.modbus
+    fields = {p.field for p in config.points}
+    assert {"secondary.supply_temp_c", "pumps.0.state", "leak_detectors.0.state"} <= fields
+    assert len(plan_reads(config.points, max_gap=config.max_gap_registers)) <= 4
