@@ -38,16 +38,37 @@ def _payloads() -> list[tuple[str, bytes]]:
         for n in range(NODES_PER_RACK):
             node = f"n{r}-{n}"
             gpus = tuple(
-                GpuTelemetry(index=i, uuid=f"GPU-{node}-{i}", name="H100", samples=10,
-                             power_w=500.0, power_mean_w=480.0, power_min_w=300.0,
-                             power_max_w=690.0, energy_j=1e6, energy_delta_j=480.0,
-                             gpu_temp_c=61.0, mem_temp_c=70.0, sm_clock_mhz=1980,
-                             mem_clock_mhz=2619, gpu_util_pct=80.0, power_limit_w=700.0,
-                             enforced_power_limit_w=700.0, clock_event_reasons=0)
+                GpuTelemetry(
+                    index=i,
+                    uuid=f"GPU-{node}-{i}",
+                    name="H100",
+                    samples=10,
+                    power_w=500.0,
+                    power_mean_w=480.0,
+                    power_min_w=300.0,
+                    power_max_w=690.0,
+                    energy_j=1e6,
+                    energy_delta_j=480.0,
+                    gpu_temp_c=61.0,
+                    mem_temp_c=70.0,
+                    sm_clock_mhz=1980,
+                    mem_clock_mhz=2619,
+                    gpu_util_pct=80.0,
+                    power_limit_w=700.0,
+                    enforced_power_limit_w=700.0,
+                    clock_event_reasons=0,
+                )
                 for i in range(8)
             )
-            message = Telemetry(ts_ns=time.time_ns(), seq=1, node=node, interval_s=1.0,
-                                node_gpu_power_w=3840.0, node_energy_delta_j=3840.0, gpus=gpus)
+            message = Telemetry(
+                ts_ns=time.time_ns(),
+                seq=1,
+                node=node,
+                interval_s=1.0,
+                node_gpu_power_w=3840.0,
+                node_energy_delta_j=3840.0,
+                gpus=gpus,
+            )
             out.append((f"polca/v1/{SITE}/{ROW}/r{r}/{node}/telemetry", encode(message)))
     return out
 
@@ -55,8 +76,9 @@ def _payloads() -> list[tuple[str, bytes]]:
 async def _publish(host: str, port: int, payloads: list[tuple[str, bytes]], count: int) -> None:
     import aiomqtt
 
-    async with aiomqtt.Client(host, port, identifier="bench-publisher",
-                              max_queued_outgoing_messages=count + 10) as client:
+    async with aiomqtt.Client(
+        host, port, identifier="bench-publisher", max_queued_outgoing_messages=count + 10
+    ) as client:
         for i in range(count):
             topic, payload = payloads[i % len(payloads)]
             await client.publish(topic, payload, qos=0)
@@ -67,8 +89,9 @@ async def floor_rate(host: str, port: int, count: int) -> float:
     import aiomqtt
 
     payloads = _payloads()
-    async with aiomqtt.Client(host, port, identifier="bench-floor",
-                              max_queued_incoming_messages=count + 10) as sub:
+    async with aiomqtt.Client(
+        host, port, identifier="bench-floor", max_queued_incoming_messages=count + 10
+    ) as sub:
         await sub.subscribe(f"polca/v1/{SITE}/{ROW}/+/+/telemetry", qos=0)
         received = 0
         start = time.perf_counter()
@@ -90,12 +113,23 @@ async def aggregator_rate(host: str, port: int, count: int, workdir: Path) -> di
 
     settings = AggregatorSettings(
         mqtt=MqttSettings(host=host, port=port, inbox_size=count + 10),
-        site=SITE, instance="bench", policy_file=REPO / "policies" / "polca-h100.yaml",
+        site=SITE,
+        instance="bench",
+        policy_file=REPO / "policies" / "polca-h100.yaml",
         state_dir=workdir,
-        rows=(RowSpec(name=ROW, budget_w=1e6, racks=tuple(
-            RackSpec(name=f"r{r}", nodes=tuple(
-                NodeSpec(name=f"n{r}-{n}") for n in range(NODES_PER_RACK)))
-            for r in range(RACKS))),),
+        rows=(
+            RowSpec(
+                name=ROW,
+                budget_w=1e6,
+                racks=tuple(
+                    RackSpec(
+                        name=f"r{r}",
+                        nodes=tuple(NodeSpec(name=f"n{r}-{n}") for n in range(NODES_PER_RACK)),
+                    )
+                    for r in range(RACKS)
+                ),
+            ),
+        ),
     )
     aggregator = Aggregator(settings)
     task = asyncio.create_task(aggregator.run())
@@ -114,8 +148,12 @@ async def aggregator_rate(host: str, port: int, count: int, workdir: Path) -> di
     dropped = aggregator.bus.stats.inbox_dropped
     aggregator.stop_requested.set()
     await task
-    return {"rate": processed / elapsed, "processed": processed, "inbox_dropped": dropped,
-            "intake_dropped": dict(aggregator.intake.dropped)}
+    return {
+        "rate": processed / elapsed,
+        "processed": processed,
+        "inbox_dropped": dropped,
+        "intake_dropped": dict(aggregator.intake.dropped),
+    }
 
 
 async def main_async(count: int) -> dict[str, Any]:
@@ -127,8 +165,9 @@ async def main_async(count: int) -> dict[str, Any]:
         broker.start()
         try:
             floors = [await floor_rate(broker.host, broker.port, count) for _ in range(3)]
-            runs = [await aggregator_rate(broker.host, broker.port, count, Path(tmp))
-                    for _ in range(3)]
+            runs = [
+                await aggregator_rate(broker.host, broker.port, count, Path(tmp)) for _ in range(3)
+            ]
         finally:
             broker.kill()
     floors.sort()
@@ -155,12 +194,18 @@ def main() -> int:
 
     logs.configure(level="error", fmt="json")
     figures = asyncio.run(main_async(args.messages))
-    print(f"aggregator intake (decode, validate, roll up): "
-          f"{figures['aggregator_msgs_per_s_median']:>8} msg/s (median of 3)")
-    print(f"bare subscriber, same stream (floor):         "
-          f"{figures['subscriber_floor_msgs_per_s_median']:>8} msg/s (median of 3)")
-    print(f"ratio: {figures['ratio_to_floor']}  ({figures['nodes']} nodes of 8 GPUs; "
-          "one such node publishes 1 msg/s)")
+    print(
+        f"aggregator intake (decode, validate, roll up): "
+        f"{figures['aggregator_msgs_per_s_median']:>8} msg/s (median of 3)"
+    )
+    print(
+        f"bare subscriber, same stream (floor):         "
+        f"{figures['subscriber_floor_msgs_per_s_median']:>8} msg/s (median of 3)"
+    )
+    print(
+        f"ratio: {figures['ratio_to_floor']}  ({figures['nodes']} nodes of 8 GPUs; "
+        "one such node publishes 1 msg/s)"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -3,8 +3,9 @@
 The dashboards in ``deploy/grafana/`` are JSON that no linter understands: a renamed field, a
 typo in a tag or a Flux-only construct would only show as an empty panel in front of an
 operator. So these tests check the provisioning's structure, then write a simulated run of
-one row (two racks, three 8-GPU nodes, 120 s at 1 s, level changes, events, drops) into a
-real InfluxDB 1.x, and run every panel target, annotation and template variable query the
+one row (two racks, three 8-GPU nodes, 120 s at 1 s, level changes, events, drops) and of
+two liquid-cooling loops (a pump failure, a stale CDU, a leak, their alarms) into a real
+InfluxDB 1.x, and run every panel target, annotation and template variable query the
 way Grafana would (macros and variables substituted), expecting each selected column to
 carry data. ``test_checker_reports_*`` prove that the checker fails on a broken query.
 """
@@ -115,7 +116,7 @@ def test_dashboard_provider_loads_the_dashboards() -> None:
     assert provider["folder"] == "polca"
     assert Path(provider["options"]["path"]).is_absolute()
     assert provider["options"]["path"] in README.read_text(encoding="utf-8")
-    assert set(_dashboards()) == {"polca-gpus.json", "polca-row.json"}
+    assert set(_dashboards()) == {"polca-cooling.json", "polca-gpus.json", "polca-row.json"}
 
 
 def test_dashboards_are_well_formed() -> None:
@@ -325,6 +326,59 @@ OFFLINE = ("node-03", 112)  # its Last Will fires here; no telemetry afterwards
 FAIL_SAFE = ("node-03", range(108, 112))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Loop:
+    """One simulated cooling loop (one in-rack CDU) and the rack it cools."""
+
+    cdu: str
+    rack: str
+    rated_kw: float
+    design_flow_lpm: float
+    heat_balance_factor: float  # measured heat removed against the racks' captured heat
+
+
+LOOPS = {
+    "loop-a": _Loop("cdu-a", "rack-01", 16.0, 24.0, 1.03),
+    "loop-b": _Loop("cdu-b", "rack-02", 10.0, 15.0, 0.98),
+}
+LOOP_OF_RACK = {spec.rack: loop for loop, spec in LOOPS.items()}
+CAPTURE_FRACTION = 0.8
+CP_KJ_PER_KG_K = 4.18
+SUPPLY_SETPOINT_C = 30.0
+PUMP_FAILURE = ("loop-a", range(45, 85))  # one of its two pumps (N+1) failed
+FLOW_DIP = ("loop-a", range(45, 50), 0.8)  # flow while the standby pump spins up
+CDU_SILENT = ("loop-b", range(20, 28))  # no CDU telemetry; stale from 5 s on
+STALE_AFTER_S = 5.0
+LEAK = ("loop-b", range(70, 110))  # a leak detector not ok
+FORCED_LEVEL = {0: 0, 1: 0, 2: 2, 3: 3}  # by severity: warning none, degraded T2, critical brake
+FORCED_CLEAR_AFTER_S = 5
+# (second, loop, alarm, severity, action, value, threshold, previous severity, detail): the
+# supervisor's alarm changes for the faults above.
+COOLING_ALARMS: tuple[tuple[int, str, str, str, str, float, float, str | None, str], ...] = (
+    (25, "loop-b", "telemetry_stale", "warning", "raised", 5.5, 5.0, None,
+     "no CDU telemetry for 5.5 s (limit 5.0 s)"),
+    (28, "loop-b", "telemetry_stale", "warning", "cleared", 0.5, 5.0, "warning",
+     "no CDU telemetry for 0.5 s (back past 5.0 s)"),
+    (45, "loop-a", "pump_failure", "degraded", "raised", 1.0, 1.0, None,
+     "pumps available 1 (limit 1): pump-2"),
+    (46, "loop-a", "flow_low", "warning", "raised", 0.8, 0.85, None,
+     "flow 80% of design (limit 85% of design)"),
+    (50, "loop-a", "flow_low", "warning", "cleared", 1.0, 0.9, "warning",
+     "flow 100% of design (back past 90% of design)"),
+    (70, "loop-b", "leak", "warning", "raised", 1.0, 1.0, None,
+     "leak detectors not ok 1 (limit 1): tray-3"),
+    (85, "loop-a", "pump_failure", "degraded", "cleared", 2.0, 2.0, "degraded",
+     "pumps available 2 (back past 2)"),
+    (100, "loop-b", "leak", "critical", "escalated", 1.0, 1.0, "warning",
+     "leak detectors not ok 1 (limit 1): tray-3"),
+    (105, "loop-b", "leak", "warning", "deescalated", 1.0, 1.0, "critical",
+     "leak detectors not ok 1 (limit 1): tray-3"),
+    (110, "loop-b", "leak", "warning", "cleared", 0.0, 0.0, "warning",
+     "leak detectors not ok 0 (back past 0)"),
+)  # fmt: skip
+SEVERITY_RANK = {"warning": 1, "degraded": 2, "critical": 3}
+
+
 def _tag(value: str) -> str:
     return re.sub(r"([,= ])", r"\\\1", value)
 
@@ -378,6 +432,21 @@ def _caps(level: int, gpu_class: str) -> tuple[float, float]:
 
 
 @dataclasses.dataclass(slots=True)
+class _Cooling:
+    """What the loop supervisor carries from one interval to the next."""
+
+    rack_power_w: dict[str, float] = dataclasses.field(default_factory=dict)
+    lagged_heat_kw: dict[str, float] = dataclasses.field(default_factory=dict)
+    active: dict[str, dict[str, int]] = dataclasses.field(
+        default_factory=lambda: {loop: {} for loop in LOOPS}
+    )
+    forced: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(LOOPS, 0))
+    release_since: dict[str, int | None] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(LOOPS)
+    )
+
+
+@dataclasses.dataclass(slots=True)
 class _Counters:
     energy_j: dict[tuple[str, int], float] = dataclasses.field(default_factory=dict)
     messages_in: int = 0
@@ -388,6 +457,7 @@ class _Counters:
     )
     outbox_dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     control_rejected: dict[str, int] = dataclasses.field(default_factory=dict)
+    cooling: _Cooling = dataclasses.field(default_factory=_Cooling)
 
 
 def _gpu_lines(
@@ -489,13 +559,14 @@ def make_run(now_ms: int) -> list[str]:
             rack_fields: dict[str, object] = {
                 "power_w": round(rack_w, 1),
                 "budget_w": 11_000.0,
-                "thermal_budget_w": 12_500.0,
+                "thermal_budget_w": round(_thermal_budget_w(LOOP_OF_RACK[rack], t), 1),
                 **{f"nodes_{k}": float(v) for k, v in rack_counts.items()},
             }
             lines.append(
                 _line("rack", {"site": SITE, "row": ROW, "rack": rack}, rack_fields, ts_ms)
             )
             row_w += rack_w
+            counters.cooling.rack_power_w[rack] = rack_w
         trend_w_per_s = 0.0 if previous_row_w is None else row_w - previous_row_w
         previous_row_w = row_w
         measured_w = row_w * 1.01
@@ -514,6 +585,7 @@ def make_run(now_ms: int) -> list[str]:
             seq += 1
             lines += _control_lines(t, ts_ms, level, seq, changed=changed, power_w=measured_w)
         lines += _event_lines(t, ts_ms)
+        lines += _cooling_lines(t, ts_ms, counters.cooling)
         lines += _aggregator_lines(t, ts_ms, counters, points=len(lines))
     return lines
 
@@ -596,6 +668,100 @@ def _aggregator_lines(t: int, ts_ms: int, counters: _Counters, *, points: int) -
     return [_line("aggregator", {"site": SITE, "instance": "agg-1"}, fields, ts_ms)]
 
 
+def _derate(loop: str, t: int) -> float:
+    """The loop's capacity factor at second ``t``: flow, pumps (N of N+1) and stale telemetry."""
+    flow = FLOW_DIP[2] if loop == FLOW_DIP[0] and t in FLOW_DIP[1] else 1.0
+    pumps = 0.9 if loop == PUMP_FAILURE[0] and t in PUMP_FAILURE[1] else 1.0
+    stale = 0.75 if _cdu_age_s(loop, t) >= STALE_AFTER_S else 1.0
+    return max(0.05, min(flow, pumps) * stale)
+
+
+def _cdu_age_s(loop: str, t: int) -> float:
+    """Age of the loop's newest CDU reading at second ``t``."""
+    silent_loop, silent = CDU_SILENT
+    if loop == silent_loop and t in silent:
+        return t - silent.start + 0.5
+    return 0.3 + 0.1 * (t % 5)
+
+
+def _thermal_budget_w(loop: str, t: int) -> float:
+    """The power (rack electrical watts) the loop's derated capacity can take away."""
+    return LOOPS[loop].rated_kw * _derate(loop, t) * 1000.0 / CAPTURE_FRACTION
+
+
+def _cooling_lines(t: int, ts_ms: int, state: _Cooling) -> list[str]:
+    """The loops' assessments at second ``t``, and the alarm changes of that second."""
+    lines: list[str] = []
+    for second, loop, alarm, severity, action, value, threshold, before, detail in COOLING_ALARMS:
+        if second != t:
+            continue
+        if action == "cleared":
+            state.active[loop].pop(alarm)
+        else:
+            state.active[loop][alarm] = SEVERITY_RANK[severity]
+        tags = {"site": SITE, "loop": loop, "alarm": alarm, "severity": severity,
+                "action": action}  # fmt: skip
+        fields: dict[str, object] = {
+            "value": value, "threshold": threshold, "rank": float(SEVERITY_RANK[severity]),
+            "text": f"{loop}: {alarm} {action} ({severity}): {detail}", "detail": detail,
+        }  # fmt: skip
+        if before is not None:
+            fields["previous_severity"] = before
+        lines.append(_line("cooling_alarm", tags, fields, ts_ms))
+    lines += [_loop_line(t, ts_ms, loop, state) for loop in LOOPS]
+    return lines
+
+
+def _loop_line(t: int, ts_ms: int, loop: str, state: _Cooling) -> str:
+    """One ``cooling_loop`` point: heat, capacity, temperatures, pumps, alarms."""
+    spec = LOOPS[loop]
+    heat_kw = state.rack_power_w[spec.rack] * CAPTURE_FRACTION / 1000.0
+    # The racks' heat reaches the CDU's sensors with a first-order lag of about 10 s.
+    lagged_kw = state.lagged_heat_kw.get(loop, heat_kw)
+    lagged_kw += (heat_kw - lagged_kw) / 10.0
+    state.lagged_heat_kw[loop] = lagged_kw
+    removed_kw = lagged_kw * spec.heat_balance_factor
+    capacity_kw = spec.rated_kw * _derate(loop, t)
+    severity = max(state.active[loop].values(), default=0)
+    target = FORCED_LEVEL[severity]
+    if target >= state.forced[loop]:
+        state.forced[loop], state.release_since[loop] = target, None
+    else:
+        since = state.release_since[loop]
+        if since is None:
+            state.release_since[loop] = t
+        elif t - since >= FORCED_CLEAR_AFTER_S:
+            state.forced[loop] -= 1
+            state.release_since[loop] = t if state.forced[loop] > target else None
+    pump_failed = loop == PUMP_FAILURE[0] and t in PUMP_FAILURE[1]
+    fields: dict[str, object] = {
+        "heat_load_kw": round(heat_kw, 3), "rated_capacity_kw": spec.rated_kw,
+        "capacity_kw": round(capacity_kw, 3), "headroom_kw": round(capacity_kw - heat_kw, 3),
+        "load_pct": round(100.0 * heat_kw / capacity_kw, 2),
+        "derate_fraction": _derate(loop, t),
+        "pumps_failed": float(pump_failed),
+        "leaks": float(loop == LEAK[0] and t in LEAK[1]),
+        "thermal_budget_w": round(_thermal_budget_w(loop, t), 1),
+        "forced_level": float(state.forced[loop]), "severity": float(severity),
+        "alarms": float(len(state.active[loop])), "emergency": float(severity == 3),
+        "stale": float(_cdu_age_s(loop, t) >= STALE_AFTER_S),
+        "telemetry_age_s": _cdu_age_s(loop, t),
+    }  # fmt: skip
+    if not (loop == CDU_SILENT[0] and t in CDU_SILENT[1]):  # no reading: left out
+        flow_fraction = FLOW_DIP[2] if loop == FLOW_DIP[0] and t in FLOW_DIP[1] else 1.0
+        flow_lpm = spec.design_flow_lpm * flow_fraction
+        delta_t_c = removed_kw / (flow_lpm / 60.0 * CP_KJ_PER_KG_K)
+        supply_c = SUPPLY_SETPOINT_C + 0.2 * lagged_kw / spec.rated_kw
+        fields |= {
+            "heat_removed_kw": round(removed_kw, 3),
+            "heat_balance_error_pct": round(100.0 * (spec.heat_balance_factor - 1.0), 2),
+            "supply_temp_c": round(supply_c, 2), "return_temp_c": round(supply_c + delta_t_c, 2),
+            "delta_t_c": round(delta_t_c, 2), "flow_lpm": round(flow_lpm, 2),
+            "flow_fraction": flow_fraction, "pumps_available": 2.0 - pump_failed,
+        }  # fmt: skip
+    return _line("cooling_loop", {"site": SITE, "loop": loop, "cdu": spec.cdu}, fields, ts_ms)
+
+
 @pytest.fixture(scope="module")
 def simulated_run(grafana_influxdb: InfluxDB1Process) -> InfluxDB1Process:
     """The module's InfluxDB with a 120 s simulated run ending now."""
@@ -615,6 +781,9 @@ def test_every_template_variable_finds_values(simulated_run: InfluxDB1Process) -
         assert values["rack"] == sorted(RACKS), name
         if "node" in values:
             assert values["node"] == sorted(NODES), name
+        if "loop" in values:
+            assert values["loop"] == sorted(LOOPS), name
+    assert "loop" in resolve_variables(simulated_run, _dashboards()["polca-cooling.json"])
 
 
 def test_every_panel_query_returns_data(simulated_run: InfluxDB1Process) -> None:
@@ -628,21 +797,35 @@ def test_every_panel_query_returns_data(simulated_run: InfluxDB1Process) -> None
                 f"{query.where}: {p}" for p in check_query(simulated_run, query.text, variables)
             ]
             checked += 1
-    assert checked >= 30
+    assert checked >= 55
     assert not problems, "\n".join(problems)
 
 
 def test_every_annotation_query_returns_events(simulated_run: InfluxDB1Process) -> None:
-    """The level-change and fault annotations find their events, with the text column."""
+    """The level-change, fault and cooling-alarm annotations find their events, with text."""
+    expected = {
+        "Level changes": len(LEVEL_STEPS) - 1,
+        "Cooling alarms": sum(1 for change in COOLING_ALARMS if change[4] != "deescalated"),
+    }
+    counted: set[str] = set()
     for name, board in _dashboards().items():
         variables = resolve_variables(simulated_run, board)
         queries = _annotation_queries(name, board)
         assert queries, f"{name} has no InfluxDB annotation"
         for query in queries:
             assert check_query(simulated_run, query.text, variables) == [], query.where
-        level_changes = simulated_run.query_raw(render(queries[0].text, variables))
-        texts = [row[1] for row in level_changes["results"][0]["series"][0]["values"]]
-        assert len(texts) == len(LEVEL_STEPS) - 1, texts
+        for annotation in board["annotations"]["list"]:
+            if annotation["name"] not in expected:
+                continue
+            answer = simulated_run.query_raw(render(annotation["query"], variables))
+            texts = [row[1] for row in answer["results"][0]["series"][0]["values"]]
+            assert len(texts) == expected[annotation["name"]], (name, texts)
+            counted.add(f"{name}: {annotation['name']}")
+    assert counted >= {
+        "polca-row.json: Level changes",
+        "polca-gpus.json: Level changes",
+        "polca-cooling.json: Cooling alarms",
+    }, counted
 
 
 def test_checker_reports_unknown_field(simulated_run: InfluxDB1Process) -> None:
