@@ -118,3 +118,20 @@ async def feed_watchdog(
     while True:
         await asyncio.sleep(interval)
         gate.feed(notifier, time.monotonic(), max_stall_s=interval + extra_stall_s)
+
+
+async def run_until_stopped(
+    tasks: dict[str, Coroutine[Any, Any, object]], stop: asyncio.Event
+) -> None:
+    """Run eternal tasks, each guarded, in one TaskGroup until ``stop`` is set.
+
+    Returns normally after a stop; any task's failure tears the group down and propagates
+    (as an ``ExceptionGroup``) to the supervisor, which then shuts down in order.
+    """
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for name, coro in tasks.items():
+                tg.create_task(guard(name, coro), name=name)
+            tg.create_task(raise_when_set(stop), name="stopper")
+    except* StopRequestedError:
+        pass  # the stop we asked for; any other failure propagates

@@ -33,7 +33,6 @@ from polca.agent.actuator import Actuator, ApplyResult
 from polca.agent.baseline import Baseline, BaselineStore
 from polca.agent.control import ControlTracker
 from polca.agent.window import TelemetryWindow
-from polca.aiokit import guard
 from polca.errors import FatalError, GpuError, GpuLostError, PolicyError
 from polca.gpu.backend import GpuBackend, GpuInfo, GpuSample
 from polca.gpu.threaded import ThreadedGpu
@@ -245,19 +244,18 @@ class Agent:
             # Not guarded: run() returns by design once close() has said goodbye.
             bus_task = outer.create_task(self.bus.run(), name="mqtt")
             try:
-                async with asyncio.TaskGroup() as tg:
-                    for name, coro in (
-                        ("sampler", self._sampler()),
-                        ("controller", self._controller()),
-                        ("publisher", self._publisher()),
-                        ("listener", self._listener()),
-                        ("policy_watcher", self._policy_watcher()),
-                        ("sighup", self._sighup()),
-                        ("watchdog", self._watchdog()),
-                    ):
-                        tg.create_task(guard(name, coro), name=name)
-                    tg.create_task(aiokit.raise_when_set(self.stop_requested), name="stopper")
-            except* aiokit.StopRequestedError:
+                await aiokit.run_until_stopped(
+                    {
+                        "sampler": self._sampler(),
+                        "controller": self._controller(),
+                        "publisher": self._publisher(),
+                        "listener": self._listener(),
+                        "policy_watcher": self._policy_watcher(),
+                        "sighup": self._sighup(),
+                        "watchdog": self._watchdog(),
+                    },
+                    self.stop_requested,
+                )
                 self.log.info("agent_stopping")
             finally:
                 await asyncio.shield(self._shutdown())

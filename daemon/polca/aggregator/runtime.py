@@ -37,7 +37,6 @@ from polca.aggregator.cooling import (
 from polca.aggregator.intake import Intake
 from polca.aggregator.rollup import RowRollup, RowTracker
 from polca.aggregator.sink import InfluxSink, Sink, resolve_token
-from polca.aiokit import guard
 from polca.errors import PolicyError
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
@@ -171,17 +170,16 @@ class Aggregator:
                 outer.create_task(self.sink.run(), name="sink") if self.sink is not None else None
             )
             try:
-                async with asyncio.TaskGroup() as tg:
-                    for name, coro in (
-                        ("intake", self._intake()),
-                        ("control", self._control_loop()),
-                        ("policy_watcher", self._policy_watcher()),
-                        ("sighup", self._sighup()),
-                        ("watchdog", self._watchdog()),
-                    ):
-                        tg.create_task(guard(name, coro), name=name)
-                    tg.create_task(aiokit.raise_when_set(self.stop_requested), name="stopper")
-            except* aiokit.StopRequestedError:
+                await aiokit.run_until_stopped(
+                    {
+                        "intake": self._intake(),
+                        "control": self._control_loop(),
+                        "policy_watcher": self._policy_watcher(),
+                        "sighup": self._sighup(),
+                        "watchdog": self._watchdog(),
+                    },
+                    self.stop_requested,
+                )
                 self.log.info("aggregator_stopping")
             finally:
                 await asyncio.shield(self._shutdown(bus_task, sink_task))
