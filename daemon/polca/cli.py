@@ -20,6 +20,7 @@ import structlog
 from polca import __version__, aiokit, logs
 from polca.cooling import cli as cooling_cli
 from polca.errors import FatalError, PolcaError, PolicyError
+from polca.sim import cli as sim_cli
 
 EX_CONFIG = 78
 
@@ -122,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         "--config", type=Path, default=None
     )
     cooling_cli.add_parsers(sub)
+    sim_cli.add_parsers(sub)
     return parser
 
 
@@ -181,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(args)
     if args.command == "cdu":
         return cooling_cli.main(args)
+    if args.command in sim_cli.COMMANDS:
+        return sim_cli.main(args)
     if args.command == "aggregator":
         return _run_aggregator(args)
     if args.command == "gpu":

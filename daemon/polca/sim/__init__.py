@@ -1,0 +1,15 @@
+"""The trace-driven oversubscription simulator and capacity planner.
+
+``polca simulate`` replays an LLM request trace on a simulated row of GPU servers whose
+caps come from the production policy engine (``polca.policy.decide`` and ``next_level``,
+the very functions the node agent and the aggregator run), and reports what the caps cost
+against an uncapped run; ``polca plan`` sweeps oversubscription for the largest row that
+meets latency SLOs with zero power-brake events. ``docs/simulator.md`` describes the
+model and where its constants come from; ``docs/evaluation.md`` has the results.
+
+Modules: ``model`` (GPU, server and row physics and configuration), ``workload`` (trace
+to requests), ``runner`` (the time-stepped simulation), ``scenario`` (inputs to runs),
+``report`` (metrics and files), ``plots`` (PNG, optional matplotlib), ``plan`` (the
+sweep), ``cli`` and ``commands`` (the command line). Everything but ``cli`` needs numpy
+(the ``polca[sim]`` extra), so this package imports nothing on its own.
+"""

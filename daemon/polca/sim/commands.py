@@ -1,0 +1,203 @@
+"""What ``polca simulate`` and ``polca plan`` do once their arguments are parsed.
+
+Kept apart from ``polca.sim.cli`` because it imports numpy (through the simulator): the
+CLI module must import without the ``polca[sim]`` extra. Input problems (a malformed
+trace row, an invalid policy, an impossible row) are printed with the file and line or
+the option at fault, and give exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from polca.errors import ConfigError, PolicyError
+from polca.policy import Policy, load_policy
+from polca.sim import plan as plan_mod
+from polca.sim import report
+from polca.sim.model import ControlConfig, SimConfigError
+from polca.sim.scenario import Scenario, calibrate_load_scale, simulate
+from polca.sim.workload import Envelope, load_trace
+
+EX_USAGE = 2
+
+
+def scenario_from_args(
+    args: argparse.Namespace, *, actuation_delay_s: float, oversubscription: float = 0.0
+) -> Scenario:
+    """The scenario the command-line options describe."""
+    control = ControlConfig(
+        telemetry_period_s=args.telemetry_period_s,
+        telemetry_delay_s=args.telemetry_delay_s,
+        actuation_delay_s=actuation_delay_s,
+        actuation_jitter=args.actuation_jitter,
+        trend_window_s=args.trend_window_s,
+        brake_tolerance_s=args.brake_tolerance_s,
+        brake_hold_s=args.brake_hold_s,
+    )
+    period = args.diurnal_period
+    peak = args.diurnal_peak if args.diurnal_peak is not None else period / 2.0
+    return Scenario(
+        gpu=args.model,
+        base_servers=args.servers,
+        gpus_per_server=args.gpus_per_server,
+        oversubscription=oversubscription,
+        budget_w=args.budget_w,
+        server_provisioned_w=args.server_provisioned_w,
+        server_other_w=args.server_other_w,
+        server_overhead_frac=args.server_overhead,
+        rows=args.rows,
+        hp_share=args.hp_share,
+        assignment=args.assignment,
+        control=control,
+        load_scale=args.load_scale,
+        tenants=args.tenants,
+        jitter_s=args.jitter_s,
+        offset_s=args.trace_offset,
+        duration_s=args.duration,
+        envelope=Envelope(period_s=period, trough=args.diurnal_trough, peak_s=peak),
+        step_s=args.step_s,
+        max_wait_s=args.max_wait_s,
+        warmup_s=args.warmup,
+        seed=args.seed,
+    )
+
+
+def _policy(path: Path) -> Policy:
+    return load_policy(path).policy
+
+
+def run(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
+    """Run the parsed command; input errors become messages and exit code 2."""
+    try:
+        if args.command == "simulate":
+            return _simulate(args, out=out, err=err)
+        return _plan(args, out=out, err=err)
+    except PolicyError as exc:
+        err.write(f"{exc}\n")
+        for problem in exc.problems:
+            err.write(f"{problem}\n")
+        return EX_USAGE
+    except ConfigError as exc:  # SimConfigError and TraceError (FILE:LINE: message)
+        err.write(f"{exc}\n")
+        return EX_USAGE
+
+
+def _calibrated(scenario: Scenario, args: argparse.Namespace, trace: Any, err: TextIO) -> Scenario:
+    """The scenario with ``--peak-pct`` turned into a load scale."""
+    if args.peak_pct is None:
+        return scenario
+    scale = calibrate_load_scale(scenario, trace, target_pct=args.peak_pct)
+    err.write(
+        f"calibrated: load scale {scale:.4f} trace copies per server peaks the base "
+        f"row at ~{args.peak_pct:g}% of budget\n"
+    )
+    return replace(scenario, load_scale=scale)
+
+
+def _simulate(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
+    policy = _policy(args.policy)
+    label, delay_s = args.actuation
+    scenario = scenario_from_args(
+        args, actuation_delay_s=delay_s, oversubscription=args.oversubscription
+    )
+    trace = load_trace(args.trace, seed=args.seed)
+    scenario = _calibrated(scenario, args, trace, err)
+    capped, base, summary = simulate(scenario, trace, policy, policy_file=str(args.policy))
+    summary["control"]["actuation"] = label
+    if args.out is not None:
+        for note in report.write_outputs(
+            args.out, capped=capped, base=base, summary=summary, plots=not args.no_plots
+        ):
+            err.write(note + "\n")
+    if args.json:
+        out.write(json.dumps(report._jsonable(summary), indent=2) + "\n")
+    else:
+        out.write(report.render_text(summary))
+        if args.out is not None:
+            out.write(
+                f"wrote {args.out}/summary.json, series.csv"
+                f"{'' if args.no_plots else ', power.png, latency.png'}\n"
+            )
+    return 0
+
+
+def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
+    actuations = args.actuation or [("out-of-band", 40.0)]
+    scenario = scenario_from_args(args, actuation_delay_s=actuations[0][1])
+    trace = load_trace(args.trace, seed=args.seed)
+    scenario = _calibrated(scenario, args, trace, err)
+    variants: list[plan_mod.Variant] = []
+    for path in args.policy:
+        policy = _policy(path)
+        for label, delay_s in actuations:
+            control = replace(scenario.control, actuation_delay_s=delay_s)
+            base = plan_mod.Variant(
+                name=f"{policy.name} {label}", policy=policy, control=control, policy_file=str(path)
+            )
+            if args.t1_pct or args.t2_pct:
+                swept, notes = plan_mod.threshold_variants(
+                    base, t1_pcts=args.t1_pct, t2_pcts=args.t2_pct
+                )
+                for note in notes:
+                    err.write(note + "\n")
+                variants.extend(swept)
+            else:
+                variants.append(base)
+    if args.jobs < 1:
+        msg = f"--jobs must be at least 1, got {args.jobs}"
+        raise SimConfigError(msg)
+    slo = plan_mod.Slo(
+        hp_p50_pct=args.slo_hp_p50_pct,
+        hp_p99_pct=args.slo_hp_p99_pct,
+        lp_loss_pct=args.slo_lp_loss_pct,
+        lp_p50_pct=args.slo_lp_p50_pct,
+        lp_p99_pct=args.slo_lp_p99_pct,
+        max_brakes=args.max_brakes,
+    )
+    result = plan_mod.run_plan(
+        scenario, trace, variants, ratios=args.oversubscription, slo=slo, jobs=args.jobs
+    )
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        report.write_json(args.out / "plan.json", result)
+        _write_plan_csv(args.out / "plan.csv", result)
+        if not args.no_plots:
+            try:
+                from polca.sim import plots  # noqa: PLC0415 - matplotlib is optional
+            except ImportError:
+                err.write(
+                    "PNG plots skipped: matplotlib is not installed (pip install 'polca[sim]')\n"
+                )
+            else:
+                plots.frontier_plot(args.out / "frontier.png", result)
+    if args.json:
+        out.write(json.dumps(report._jsonable(result), indent=2) + "\n")
+    else:
+        out.write(plan_mod.render_text(result))
+    return 0
+
+
+def _write_plan_csv(path: Path, plan: dict[str, Any]) -> None:
+    keys = [
+        "oversubscription_pct",
+        "servers",
+        "hp_p50_impact_pct",
+        "hp_p99_impact_pct",
+        "lp_p50_impact_pct",
+        "lp_p99_impact_pct",
+        "lp_throughput_loss_pct",
+        "brake_events",
+        "peak_pct",
+        "capped_time_pct",
+    ]
+    with path.open("w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", *keys, "meets_slo"])
+        for v in plan["scenarios"]:
+            for p in v["points"]:
+                w.writerow([v["name"], *(p[k] for k in keys), not p["violations"]])

@@ -1,0 +1,125 @@
+"""PNG plots of simulations and plans (matplotlib, the optional ``polca[sim]`` extra).
+
+Importing this module imports matplotlib (with the non-interactive Agg backend), so
+callers import it lazily and carry on without plots when it is missing. Figures are
+small on purpose (they go into docs/img/ when they are under 300 KB).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+
+mpl.use("Agg")
+
+import matplotlib.pyplot as plt  # the backend is chosen first
+import numpy as np
+
+from polca.sim.runner import RunResult
+from polca.sim.workload import HP, LP
+
+_DPI = 90
+_CLASS_STYLE = {HP: ("high", "tab:red"), LP: ("low", "tab:blue")}
+
+
+def power_plot(path: Path, capped: RunResult, base: RunResult, *, row: int = 0) -> None:
+    """Row power (capped, uncapped) against the thresholds, over the level timeline."""
+    cfg = capped.config
+    per = max(1, round(1.0 / cfg.step_s))  # 1 s averages
+    whole = (len(capped.row_power_w) // per) * per
+    budget = cfg.row.budget_w
+    t_min = (np.arange(whole // per) + 1) * per * cfg.step_s / 60.0
+    pct = 100.0 * capped.row_power_w[:whole, row].reshape(-1, per).mean(axis=1) / budget
+    pct_b = 100.0 * base.row_power_w[:whole, row].reshape(-1, per).mean(axis=1) / budget
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(9, 4.8), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    top.plot(t_min, pct_b, color="0.7", linewidth=0.7, label="uncapped")
+    top.plot(t_min, pct, color="tab:blue", linewidth=0.8, label=f"capped ({capped.policy_name})")
+    for name, threshold in zip(capped.level_names[1:], capped.threshold_pcts, strict=True):
+        top.axhline(threshold, color="tab:orange", linestyle="--", linewidth=0.7)
+        top.text(t_min[-1], threshold, f" {name}", va="center", fontsize=7, color="tab:orange")
+    top.axhline(100.0, color="tab:red", linewidth=0.9)
+    for brake in capped.brakes:
+        if brake.row == row:
+            top.axvline(brake.fired_s / 60.0, color="tab:red", linestyle=":", linewidth=0.8)
+    top.set_ylabel("row power, % of budget")
+    top.legend(loc="lower left", fontsize=7)
+    top.set_title(
+        f"{cfg.row.servers} x {cfg.row.gpu.name} servers, budget {budget / 1000:.0f} kW, "
+        f"actuation {cfg.control.actuation_delay_s:g} s, {len(capped.brakes)} brake events",
+        fontsize=9,
+    )
+    if len(capped.tick_s):
+        bottom.step(capped.tick_s / 60.0, capped.level[:, row], where="post", color="tab:purple")
+    bottom.set_yticks(range(len(capped.level_names)), capped.level_names, fontsize=7)
+    bottom.set_xlabel("time, minutes")
+    bottom.set_ylabel("level", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+
+
+def latency_plot(path: Path, capped: RunResult, base: RunResult, *, warmup_s: float) -> None:
+    """Latency CDFs per class, capped (solid) against uncapped (dashed)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for cls in (HP, LP):
+        name, color = _CLASS_STYLE[cls]
+        for result, style, label in ((capped, "-", "capped"), (base, "--", "uncapped")):
+            mask = (result.req_cls == cls) & (result.req_arrival_s >= warmup_s)
+            lat = np.sort(result.req_latency_s[mask])
+            if not len(lat):
+                continue
+            # At most ~2,000 points per curve keeps the PNG small.
+            take = np.unique(np.linspace(0, len(lat) - 1, min(len(lat), 2000)).astype(int))
+            cdf = (take + 1) / len(lat)
+            ax.plot(lat[take], cdf, style, color=color, linewidth=1, label=f"{name} {label}")
+    ax.set_xscale("log")
+    ax.set_xlabel("request latency, s (arrival to last token)")
+    ax.set_ylabel("fraction of requests")
+    ax.axhline(0.5, color="0.8", linewidth=0.6)
+    ax.axhline(0.99, color="0.8", linewidth=0.6)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"latency by class, {capped.policy_name}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+
+
+def frontier_plot(path: Path, plan: dict[str, Any]) -> None:
+    """Per scenario: HP P99 impact, LP throughput loss and brakes against oversubscription."""
+    slo = plan["slo"]
+    scenarios = plan["scenarios"]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
+    panels = (
+        ("hp_p99_impact_pct", "high-priority P99 impact, %", slo["hp_p99_pct"]),
+        ("lp_throughput_loss_pct", "low-priority throughput loss, %", slo["lp_loss_pct"]),
+        ("brake_events", "brake events", slo["max_brakes"]),
+    )
+    for ax, (key, label, limit) in zip(axes, panels, strict=True):
+        for scenario in scenarios:
+            points = scenario["points"]
+            xs = [p["oversubscription_pct"] for p in points]
+            ys = [p[key] if p[key] is not None else np.nan for p in points]
+            (line,) = ax.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=scenario["name"])
+            best = scenario["best"]
+            if best is not None:
+                ax.axvline(
+                    best["oversubscription_pct"],
+                    color=line.get_color(),
+                    linestyle=":",
+                    linewidth=0.8,
+                )
+        ax.axhline(limit, color="tab:red", linewidth=0.8)
+        ax.set_xlabel("oversubscription, % more servers")
+        ax.set_title(label, fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("capacity frontier (dotted: largest deployment meeting every SLO)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+
+
+__all__ = ["frontier_plot", "latency_plot", "power_plot"]
