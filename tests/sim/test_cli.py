@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -124,3 +125,10 @@ def test_ratio_grids() -> None:
         cli.duration_s("soon")
     assert cli.actuation("out-of-band") == ("out-of-band", 40.0)
     assert cli.actuation("5") == ("5s", 5.0)
+
+
+def test_cli_module_imports_without_the_extra() -> None:
+    """polca.cli can add the subcommands without importing numpy or matplotlib."""
+    code = "import sys, polca.sim.cli; print(sorted({'numpy', 'matplotlib'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -89,34 +89,55 @@ def latency_plot(path: Path, capped: RunResult, base: RunResult, *, warmup_s: fl
 
 
 def frontier_plot(path: Path, plan: dict[str, Any]) -> None:
-    """Per scenario: HP P99 impact, LP throughput loss and brakes against oversubscription."""
+    """Per variant: every SLO metric and brake events against oversubscription.
+
+    Each panel's scale stops at 4x its limit; points beyond are drawn on the top edge
+    (with a caret), so a collapse at high oversubscription does not flatten the region
+    where the limits bind.
+    """
     slo = plan["slo"]
-    scenarios = plan["scenarios"]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
     panels = (
+        ("hp_p50_impact_pct", "high-priority P50 impact, %", slo["hp_p50_pct"]),
         ("hp_p99_impact_pct", "high-priority P99 impact, %", slo["hp_p99_pct"]),
         ("lp_throughput_loss_pct", "low-priority throughput loss, %", slo["lp_loss_pct"]),
-        ("brake_events", "brake events", slo["max_brakes"]),
+        ("lp_p50_impact_pct", "low-priority P50 impact, %", slo["lp_p50_pct"]),
+        ("lp_p99_impact_pct", "low-priority P99 impact, %", slo["lp_p99_pct"]),
+        ("brake_events", "brake events", float(slo["max_brakes"])),
     )
-    for ax, (key, label, limit) in zip(axes, panels, strict=True):
-        for scenario in scenarios:
-            points = scenario["points"]
-            xs = [p["oversubscription_pct"] for p in points]
-            ys = [p[key] if p[key] is not None else np.nan for p in points]
-            (line,) = ax.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=scenario["name"])
-            best = scenario["best"]
+    fig, axes = plt.subplots(2, 3, figsize=(11, 6))
+    for ax, (key, label, limit) in zip(axes.ravel(), panels, strict=True):
+        top = max(4.0 * limit, 4.0)
+        for variant in plan["scenarios"]:
+            points = variant["points"]
+            xs = np.array([p["oversubscription_pct"] for p in points])
+            ys = np.array([np.nan if p[key] is None else p[key] for p in points], dtype=float)
+            shown = np.minimum(ys, top)
+            (line,) = ax.plot(
+                xs, shown, marker="o", markersize=3, linewidth=1, label=variant["name"]
+            )
+            over = ys > top
+            if over.any():
+                ax.plot(xs[over], shown[over], "^", color=line.get_color(), markersize=6)
+            best = variant["best"]
             if best is not None:
                 ax.axvline(
                     best["oversubscription_pct"],
                     color=line.get_color(),
                     linestyle=":",
-                    linewidth=0.8,
+                    linewidth=0.9,
                 )
         ax.axhline(limit, color="tab:red", linewidth=0.8)
-        ax.set_xlabel("oversubscription, % more servers")
+        ax.set_ylim(-0.05 * top, top * 1.05)
         ax.set_title(label, fontsize=9)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("capacity frontier (dotted: largest deployment meeting every SLO)", fontsize=9)
+        ax.tick_params(labelsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("oversubscription, % more servers", fontsize=8)
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(
+        "capacity frontier: red = SLO limit, dotted = largest deployment meeting every SLO, "
+        "^ = off scale",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
