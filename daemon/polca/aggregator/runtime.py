@@ -19,6 +19,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,16 @@ from polca.telemetry.schema import (
     encode,
 )
 from polca.telemetry.topics import Topics
+
+
+@dataclass(frozen=True, slots=True)
+class _Budgets:
+    """A row's budgets at one control step: effective row budget, per-rack budgets."""
+
+    row_w: float
+    racks: Mapping[str, float]  # effective: min(electrical, thermal)
+    thermal: Mapping[str, float]  # from the cooling loops
+    rack_levels: Mapping[str, int]  # rack-scope levels published this step
 
 
 def make_sink(influx: InfluxSettings, *, state_dir: Path) -> Sink | None:
@@ -402,27 +413,9 @@ class Aggregator:
                     floor_level=cooling.forced_levels.get(rack.rack, 0),
                     floor_reason=self._cooling_reason(cooling, rack.rack),
                 ).level
-            self._publish_summary(
-                rollup,
-                decision,
-                trend,
-                now_ns,
-                budget_w=row_budget_w,
-                rack_budgets=rack_budgets,
-                thermal=thermal,
-                rack_levels=rack_levels,
-            )
-            out.extend(
-                self._row_points(
-                    rollup,
-                    decision,
-                    trend,
-                    now_ns,
-                    budget_w=row_budget_w,
-                    rack_budgets=rack_budgets,
-                    thermal=thermal,
-                )
-            )
+            budgets = _Budgets(row_budget_w, rack_budgets, thermal, rack_levels)
+            self._publish_summary(rollup, decision, trend, now_ns, budgets)
+            out.extend(self._row_points(rollup, decision, trend, now_ns, budgets))
         if self.sink is not None:
             out.append(self._aggregator_point(now_ns))
             self.sink.write(out)
@@ -596,11 +589,7 @@ class Aggregator:
         decision: ScopeDecision,
         trend: float | None,
         now_ns: int,
-        *,
-        budget_w: float,
-        rack_budgets: dict[str, float],
-        thermal: Mapping[str, float],
-        rack_levels: dict[str, int],
+        budgets: _Budgets,
     ) -> None:
         if self.bus is None:
             return
@@ -611,7 +600,7 @@ class Aggregator:
             power_w=rollup.power_w,
             power_source=rollup.power_source,
             budget_w=rollup.budget_w,
-            effective_budget_w=budget_w,
+            effective_budget_w=budgets.row_w,
             level=decision.level,
             level_name=decision.level_name,
             thresholds_w=decision.thresholds_w,
@@ -622,9 +611,9 @@ class Aggregator:
                 RackSummary(
                     rack=r.rack,
                     power_w=r.power_w,
-                    budget_w=rack_budgets.get(r.rack),
-                    thermal_budget_w=thermal.get(r.rack),
-                    level=rack_levels.get(r.rack, 0),
+                    budget_w=budgets.racks.get(r.rack),
+                    thermal_budget_w=budgets.thermal.get(r.rack),
+                    level=budgets.rack_levels.get(r.rack, 0),
                     nodes_online=r.nodes_online,
                     nodes_stale=r.nodes_stale,
                     nodes_offline=r.nodes_offline,
@@ -643,10 +632,7 @@ class Aggregator:
         decision: ScopeDecision,
         trend: float | None,
         now_ns: int,
-        *,
-        budget_w: float,
-        rack_budgets: dict[str, float],
-        thermal: Mapping[str, float],
+        budgets: _Budgets,
     ) -> list[points.Point]:
         site = self.settings.site
         thresholds = {f"threshold_{i + 1}_w": t for i, t in enumerate(decision.thresholds_w[:3])}
@@ -659,7 +645,7 @@ class Aggregator:
                 computed_power_w=rollup.computed_power_w,
                 measured_power_w=rollup.measured_power_w,
                 budget_w=rollup.budget_w,
-                effective_budget_w=budget_w,
+                effective_budget_w=budgets.row_w,
                 power_pct=decision.power_pct,
                 level=float(decision.level),
                 trend_w_per_s=trend,
@@ -680,8 +666,8 @@ class Aggregator:
                     row=rollup.row,
                     rack=rack.rack,
                     power_w=rack.power_w,
-                    budget_w=rack_budgets.get(rack.rack),
-                    thermal_budget_w=thermal.get(rack.rack),
+                    budget_w=budgets.racks.get(rack.rack),
+                    thermal_budget_w=budgets.thermal.get(rack.rack),
                     nodes_online=float(rack.nodes_online),
                     nodes_stale=float(rack.nodes_stale),
                     nodes_offline=float(rack.nodes_offline),
