@@ -67,6 +67,7 @@ from polca.telemetry.schema import (
 
 DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "simulated-demo.yaml"
 SITE = "demo"
+AGGREGATOR_INSTANCE = "demo-aggregator"
 ROW = "row1"
 NON_GPU_W = 1500.0  # CPUs, memory, NICs and fans of an 8-GPU server
 # One in-row CDU per rack, sized for a rack of four 8-GPU nodes (~35 kW at full load).
@@ -154,7 +155,8 @@ class DemoView:
                 )
         elif isinstance(payload, Event):
             if payload.event in ("cap_changed", "cap_reasserted"):
-                self.cap_changes += len(payload.detail.get("gpus", ()))
+                gpus = payload.detail.get("gpus")
+                self.cap_changes += len(gpus) if isinstance(gpus, list) else 0
             elif payload.event == "level_changed":
                 stamp = time.monotonic() - self.started_s
                 self.level_changes.append(
@@ -337,6 +339,7 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
                     state_dir=work / node,
                     sample_interval_s=options.sample_interval_s,
                     startup_grace_s=30.0,
+                    control_issuers=(AGGREGATOR_INSTANCE,),
                 ),
             )
             agents.append(
@@ -346,7 +349,7 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
             mqtt=mqtt,
             logging=quiet,
             site=SITE,
-            instance="demo-aggregator",
+            instance=AGGREGATOR_INSTANCE,
             policy_file=options.policy,
             state_dir=work / "aggregator",
             rows=(

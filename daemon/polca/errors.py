@@ -85,3 +85,44 @@ class TransportError(RetryableError):
 
 class TransportAuthError(TransportError, FatalError):
     """The broker rejected our credentials: retrying with the same ones cannot help."""
+
+
+class SchemaError(PolcaError, ValueError):
+    """A received payload that polca does not accept; ``reason`` is its drop counter's name.
+
+    Raised by the wire decoder (``polca.telemetry.schema.decode``) and the admission checks
+    (``polca.telemetry.checks``); listeners count and drop the message by ``reason`` and
+    carry on. Subclasses refine the reason; callers branch on the class, not the text.
+    """
+
+    reason: str = "malformed"
+
+
+class OversizedError(SchemaError):
+    """A payload larger than the decoder accepts, refused before parsing."""
+
+    reason = "oversized"
+
+
+class SchemaVersionError(SchemaError):
+    """A payload of a ``schema_version`` this polca does not speak."""
+
+    reason = "schema_version"
+
+
+class IdentityError(SchemaError):
+    """A payload naming another node, rack, row or CDU than the topic it came on."""
+
+    reason = "identity"
+
+
+class ClockSkewError(SchemaError):
+    """A wall-clock stamp outside the receiver's skew tolerance (e.g. far in the future)."""
+
+    reason = "clock_skew"
+
+
+class StaleMessageError(SchemaError):
+    """A message too old to act on (a retained reading or an expired control)."""
+
+    reason = "stale"

@@ -2,9 +2,16 @@
 
 Sources, strongest first: keyword arguments (the CLI), ``POLCA_*`` environment variables
 (nested with ``__``, e.g. ``POLCA_MQTT__HOST``), the YAML file named by ``--config`` or
-``POLCA_CONFIG``, then secret files. Secrets (the MQTT password) never come from the YAML:
-they come from ``POLCA_MQTT__PASSWORD``, ``mqtt.password_file``, or a systemd credential
-named ``mqtt_password`` in ``$CREDENTIALS_DIRECTORY`` (``LoadCredential=``).
+``POLCA_CONFIG``, then secret files. Secrets (the MQTT password, the InfluxDB token: every
+``SecretStr`` field) never come from the YAML, whatever the case of their keys: they come
+from ``POLCA_MQTT__PASSWORD``, ``mqtt.password_file``, or a systemd credential named
+``mqtt_password`` in ``$CREDENTIALS_DIRECTORY`` (``LoadCredential=``).
+
+The configuration file is hostile until validated: it is read once, bounded, by
+``polca.yamlkit`` (size, nesting, aliases, duplicate keys), and its data goes to the
+settings as their weakest source. Numbers and booleans in it must be YAML numbers and
+booleans (``port: "1883"`` or ``tls: "yes"`` is refused; the environment, which only has
+strings, is converted as usual), and floats from any source must be finite.
 
 ``docs/configuration.md`` is generated from these models (``polca config docs``) and a test
 keeps it in sync.
@@ -14,23 +21,29 @@ from __future__ import annotations
 
 import os
 import socket
+import types
+import typing
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 _TOPIC_SEGMENT = r"^[A-Za-z0-9_.-]+$"
 SettingsT = TypeVar("SettingsT", bound="ProcessSettings")
 
 
+MAX_SECRET_BYTES = 64 * 1024  # a password or token file larger than this is refused
+
+
 class _Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class MqttSettings(_Group):
@@ -155,6 +168,26 @@ class AgentSettings(_Group):
         description="Apply the node policy the aggregator publishes (validated again here, "
         "kept as a last good copy in state_dir); it then takes precedence over policy_file.",
     )
+    control_issuers: tuple[str, ...] = Field(
+        (),
+        description="The aggregator instances (their instance setting) whose control "
+        "messages this node follows; control from any other issuer is refused and counted. "
+        "Empty follows any issuer, with a warning at start-up.",
+    )
+    clock_skew_tolerance_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="How far a controller's wall-clock stamps may differ from this node's "
+        "clock before the agent reports a skew and refuses epochs from the future. Leases "
+        "run on the monotonic clock whatever the skew.",
+    )
+    crash_loop_after: int = Field(
+        3,
+        ge=2,
+        description="Report a crash loop (log, systemd STATUS=, MQTT status) when the agent "
+        "ended this many times in a row with the same failure.",
+    )
 
 
 class InfluxSettings(_Group):
@@ -220,8 +253,10 @@ class ProcessSettings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
-        yaml_file=None,
+        allow_inf_nan=False,
     )
+    # The configuration file's data, set on the subclass ``load_settings_as`` builds per call.
+    _file_data: ClassVar[Mapping[str, Any]] = {}
 
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
@@ -235,8 +270,13 @@ class ProcessSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Keyword arguments, then environment, then the YAML file (no dotenv)."""
-        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+        """Keyword arguments, then environment, then the configuration file (no dotenv).
+
+        The file was read (once) by ``load_settings_as``; its keys match fields as keyword
+        arguments do (case-insensitively at the top level).
+        """
+        file_data = dict(getattr(settings_cls, "_file_data", {}))
+        return (init_settings, env_settings, InitSettingsSource(settings_cls, file_data))
 
     @model_validator(mode="after")
     def _password_from_secret(self) -> ProcessSettings:
@@ -259,7 +299,12 @@ class Settings(ProcessSettings):
 
 
 def read_secret(secret_file: Path | None, credential: str) -> str | None:
-    """A secret from ``secret_file`` or the systemd credential ``credential``, if any."""
+    """A secret from ``secret_file`` or the systemd credential ``credential``, if any.
+
+    The first line of the file, read bounded (``MAX_SECRET_BYTES``). Raises ``ValueError``
+    (a settings problem, once inside the model) when the file is unreadable, too large or
+    not UTF-8.
+    """
     candidates: list[Path] = []
     if secret_file is not None:
         candidates.append(secret_file)
@@ -267,13 +312,24 @@ def read_secret(secret_file: Path | None, credential: str) -> str | None:
     if cred_dir:
         candidates.append(Path(cred_dir) / credential)
     for path in candidates:
-        if path.is_file():
-            return path.read_text(encoding="utf-8").splitlines()[0] if path.stat().st_size else ""
+        if not path.is_file():
+            continue
+        try:
+            with path.open("rb") as f:
+                data = f.read(MAX_SECRET_BYTES + 1)
+        except OSError as exc:
+            msg = f"cannot read the secret file {path}: {exc.strerror or exc}"
+            raise ValueError(msg) from exc
+        if len(data) > MAX_SECRET_BYTES:
+            msg = f"secret file {path} is larger than {MAX_SECRET_BYTES} bytes"
+            raise ValueError(msg)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            msg = f"secret file {path} is not UTF-8 text"
+            raise ValueError(msg) from exc
+        return text.splitlines()[0] if text else ""
     return None
-
-
-# Keys that hold secrets: refused in a YAML file (they come from files or credentials).
-_SECRET_KEYS = (("mqtt", "password"), ("influx", "token"))
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -286,42 +342,189 @@ def load_settings_as(
 ) -> SettingsT:
     """Build settings of type ``cls`` (the agent's by default) from YAML, env and overrides.
 
-    Raises ``ConfigError`` with every problem when the result is invalid, and refuses a
-    secret (MQTT password, InfluxDB token) written into the YAML file.
+    Raises ``ConfigError`` with every problem when the result is invalid; refuses a secret
+    (any ``SecretStr`` field: the MQTT password, the InfluxDB token) written into the YAML
+    file under any spelling of its keys, two top-level keys that differ only in case, and
+    a number or boolean written as a string.
     """
-    import yaml  # noqa: PLC0415 - only needed here
-    from pydantic import ValidationError  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415 - only needed here
+    from pydantic_settings import SettingsError  # noqa: PLC0415
 
     from polca.errors import ConfigError  # noqa: PLC0415
 
     path = config_file or (
         Path(os.environ["POLCA_CONFIG"]) if "POLCA_CONFIG" in os.environ else None
     )
-    if path is not None:
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            msg = f"cannot read configuration {path}: {exc}"
-            raise ConfigError(msg) from exc
-        for group, key in _SECRET_KEYS:
-            if isinstance(raw, dict) and isinstance(raw.get(group), dict) and key in raw[group]:
-                msg = (
-                    f"{path}: {group}.{key} is not allowed in the configuration file; use "
-                    f"{group}.{key}_file, POLCA_{group.upper()}__{key.upper()} or a systemd "
-                    "credential"
-                )
-                raise ConfigError(msg)
-
-    file_settings = type(
-        "FileSettings", (cls,), {"model_config": SettingsConfigDict(yaml_file=path)}
-    )
+    file_data = _read_config(cls, path) if path is not None else {}
+    file_settings = type(cls.__name__, (cls,), {"_file_data": file_data})
     try:
         result: SettingsT = file_settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
         )
         where = f" in {path}" if path else ""
         msg = f"invalid settings{where}: {problems}"
         raise ConfigError(msg) from exc
+    except SettingsError as exc:  # an environment variable that does not parse
+        msg = f"invalid settings: {exc}"
+        raise ConfigError(msg) from exc
     return result
+
+
+def _read_config(cls: type[BaseModel], path: Path) -> dict[str, Any]:
+    """The configuration file's data: read once, bounded, checked before validation."""
+    from polca import yamlkit  # noqa: PLC0415 - only needed with a file
+    from polca.errors import ConfigError  # noqa: PLC0415
+
+    try:
+        text = yamlkit.read_bounded(path).decode("utf-8")
+        raw = yamlkit.parse(text, source=str(path)).data
+    except OSError as exc:
+        msg = f"cannot read configuration {path}: {exc.strerror or exc}"
+        raise ConfigError(msg) from exc
+    except UnicodeDecodeError as exc:
+        msg = f"cannot read configuration {path}: not UTF-8 ({exc.reason} at byte {exc.start})"
+        raise ConfigError(msg) from exc
+    except yamlkit.YamlError as exc:
+        msg = f"cannot read configuration {exc}"
+        raise ConfigError(msg) from exc
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        msg = f"{path}: the configuration must be a mapping (key: value), not a {_kind(raw)}"
+        raise ConfigError(msg)
+    seen: dict[str, str] = {}
+    for key in raw:
+        if not isinstance(key, str):
+            msg = f"{path}: configuration key {key!r} is not a name"
+            raise ConfigError(msg)
+        other = seen.setdefault(key.lower(), key)
+        if other != key:  # settings match top-level keys case-insensitively: ambiguous
+            msg = f"{path}: keys {other!r} and {key!r} name the same setting; keep one"
+            raise ConfigError(msg)
+    for secret in _secret_fields(cls):
+        written = _find_casefold(raw, secret)
+        if written is not None:
+            raise ConfigError(_secret_message(path, cls, secret, written))
+    problems = list(_loose_scalars(cls, raw, ()))
+    if problems:
+        msg = f"invalid settings in {path}: {'; '.join(problems)}"
+        raise ConfigError(msg)
+    return raw
+
+
+def _kind(value: object) -> str:
+    return "list" if isinstance(value, list) else type(value).__name__
+
+
+def _field_types(annotation: Any) -> tuple[Any, ...]:
+    """The types a field annotation admits: ``X | None`` and ``Annotated[X, ...]`` unwrapped."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _field_types(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return tuple(t for arg in typing.get_args(annotation) for t in _field_types(arg))
+    return (annotation,)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    models = [
+        t for t in _field_types(annotation) if isinstance(t, type) and issubclass(t, BaseModel)
+    ]
+    return models[0] if len(models) == 1 else None
+
+
+def _secret_fields(cls: type[BaseModel]) -> Iterator[tuple[str, ...]]:
+    """Dotted paths of every ``SecretStr`` field of ``cls``, through nested groups."""
+    for name, info in cls.model_fields.items():
+        kinds = _field_types(info.annotation)
+        if SecretStr in kinds:
+            yield (name,)
+        model = _model_of(info.annotation)
+        if model is not None:
+            yield from ((name, *rest) for rest in _secret_fields(model))
+
+
+def _find_casefold(data: Mapping[Any, Any], path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The keys, as written, that spell ``path`` in ``data`` in any case; None if none do."""
+    head, *rest = path
+    for key, value in data.items():
+        if not (isinstance(key, str) and key.lower() == head):
+            continue
+        if not rest:
+            return (key,)
+        if isinstance(value, Mapping):
+            found = _find_casefold(value, tuple(rest))
+            if found is not None:
+                return (key, *found)
+    return None
+
+
+def _secret_message(
+    path: Path, cls: type[BaseModel], secret: tuple[str, ...], written: tuple[str, ...]
+) -> str:
+    dotted = ".".join(secret)
+    ways = []
+    parent: type[BaseModel] | None = cls
+    for part in secret[:-1]:
+        parent = _model_of(parent.model_fields[part].annotation) if parent else None
+    if parent is not None and f"{secret[-1]}_file" in parent.model_fields:
+        ways.append(f"{dotted}_file")
+    ways.append(f"POLCA_{'__'.join(part.upper() for part in secret)}")
+    ways.append(f"the systemd credential {'_'.join(secret)}")
+    return (
+        f"{path}: {'.'.join(written)} is not allowed in the configuration file (it is the "
+        f"secret {dotted}); use {', '.join(ways[:-1])} or {ways[-1]}"
+    )
+
+
+def _loose_scalars(
+    cls: type[BaseModel], data: Mapping[Any, Any], loc: tuple[str, ...]
+) -> Iterator[str]:
+    """Numbers and booleans written as strings (or booleans as numbers) in the file's data.
+
+    Pydantic would convert them; a configuration file is typed YAML, so they are refused.
+    Only fields whose every type is a number, or a boolean, are checked; nested groups and
+    tuples of groups are followed. Keys are matched as pydantic matches them (the top level
+    case-insensitively, as the settings sources do).
+    """
+    fields = cls.model_fields
+    by_lower = {name.lower(): name for name in fields} if not loc else {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            continue
+        name = key if key in fields else by_lower.get(key.lower())
+        if name is None or value is None:
+            continue
+        annotation = fields[name].annotation
+        where = ".".join((*loc, key))
+        kinds = {t for t in _field_types(annotation) if t is not type(None)}
+        if kinds == {bool}:
+            if not isinstance(value, bool):
+                yield f"{where}: expected true or false, got {_shown(value)}"
+        elif kinds and kinds <= {int, float}:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                yield f"{where}: expected a number, got {_shown(value)}"
+        elif isinstance(value, Mapping) and (model := _model_of(annotation)) is not None:
+            yield from _loose_scalars(model, value, (*loc, key))
+        elif isinstance(value, list) and (model := _item_model(annotation)) is not None:
+            for i, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    yield from _loose_scalars(model, item, (*loc, key, str(i)))
+
+
+def _item_model(annotation: Any) -> type[BaseModel] | None:
+    """``M`` of a ``tuple[M, ...]`` or ``list[M]`` field, if it is a model."""
+    for kind in _field_types(annotation):
+        if typing.get_origin(kind) in (tuple, list):
+            args = [a for a in typing.get_args(kind) if a is not Ellipsis]
+            if len(args) == 1:
+                return _model_of(args[0])
+    return None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    kind = "a string" if isinstance(value, str) else _kind(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"

@@ -1,18 +1,31 @@
 #!/usr/bin/env python3
 """Write a strict Mosquitto ACL, and the commands that create its users, from a topology.
 
-Why this exists: the pattern ACL next to this script (``acl``) names a node only through
-``%u``, and a Mosquitto substitution must fill a whole topic level, so it cannot tie a user
-to a row and rack; node1 could then write ``node1`` telemetry under any row and read every
-row's control. This script reads the aggregator's configuration (site -> rows -> racks ->
-nodes) and writes one ``user`` section per node that names its exact topics, plus sections
-for the aggregator (its rows only), the scheduler, a read-only viewer and one meter user
-per row that has a ``meter_topic``. Rerun it whenever the topology changes, then
-``systemctl reload mosquitto``.
+Why this exists: the pattern ACL next to this script (``acl``) names a user only through
+``%u``, and a Mosquitto substitution fills one whole topic level, so it cannot tie a node
+to its row and rack (node1 could write ``node1`` telemetry under any row and read every
+row's control). This script reads the aggregator's configuration (site -> rows -> racks ->
+nodes, and the cooling loops with their CDUs) and writes one ``user`` section per user
+naming its exact topics, and no ``pattern`` line at all:
 
-It must run on a broker host without polca installed, so it uses the standard library
-only, plus PyYAML (Debian ``python3-yaml``) when the configuration is YAML; a ``.json``
-configuration needs nothing else. It never touches the broker: it writes files.
+- a node agent per node (user = node name): writes its telemetry, status, state and events
+  under its own row and rack; reads its row's control and policy, its rack's control and
+  its own assignment;
+- the aggregator: reads the node channels, control, meters and CDUs of its rows and loops;
+  writes their control, policy and summary, the loops' state and alarms, and its own
+  status and events;
+- a CDU source per CDU (user = CDU id: the CDU itself, its ``polca cdu modbus`` poller, or
+  a ``polca cdu simulate``, which with ``--simulated-cdu`` may also read the node telemetry
+  of the racks its loop cools): writes that CDU's telemetry only;
+- a meter per row (``meter-<row>``): writes the row's ``meter_topic`` (or the default
+  ``{root}/{site}/{row}/meter``, where the aggregator listens when none is set);
+- the scheduler: writes every node's assignment, reads node status;
+- the viewer (``polca status``, dashboards' helpers): reads everything above, writes nothing.
+
+Rerun it whenever the topology changes, then ``systemctl reload mosquitto``. It must run
+on a broker host without polca installed, so it uses the standard library only, plus
+PyYAML (Debian ``python3-yaml``) when the configuration is YAML; a ``.json`` configuration
+needs nothing else. It never touches the broker: it writes files.
 
     make-acl.py /etc/polca/aggregator.yaml -o /etc/mosquitto/acl \
         --passwd-commands add-users.sh
@@ -25,21 +38,31 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = "polca/v1"
-"""Topic root, schema version included (``topics.root`` in polca's settings)."""
+"""Default topic root, schema version included (the configuration's ``topic_root``)."""
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")
-"""What polca accepts as a site, row, rack or node name (one topic level)."""
+_SEGMENT = re.compile(r"\A[A-Za-z0-9_.-]+\Z")
+"""A site, row, rack or node name (one topic level), and every user name (``\\Z``: no
+trailing newline either, which would end an ACL or script line)."""
 
-_AGGREGATOR_LEVEL = "aggregator"
-"""The level after the site under which aggregators publish their status and events."""
+_LOOP_NAME = re.compile(r"\A[A-Za-z0-9_.:-]+\Z")
+"""A cooling loop's name: one topic level; polca's cooling configuration also allows ':'."""
+
+RESERVED_ROWS = ("aggregator", "cooling")
+"""Levels after the site that are not rows: the aggregators' own topics and the cooling
+topics. A row named ``cooling`` would make a node's ``state`` topic the topic of a loop's
+state (``{site}/cooling/loop/{loop}/state``)."""
 
 _NODE_PUBLISHES = ("telemetry", "status", "state", "events")
 """The channels a node agent writes under its own topic."""
+
+_CHANNELS = frozenset({*_NODE_PUBLISHES, "assign", "control", "policy", "summary", "alarms"})
+"""Last levels of polca's own topics: a meter topic under the root must not end in one."""
 
 
 class TopologyError(ValueError):
@@ -56,24 +79,41 @@ class Rack:
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One row (power domain): its racks and, optionally, where its meter publishes."""
+    """One row (power domain): its racks and the topic its meter publishes on."""
 
     name: str
     racks: tuple[Rack, ...]
-    meter_topic: str | None
+    meter_topic: str
+    """The configured ``meter_topic``, else the default one the aggregator listens on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """One cooling loop: its name, the CDU that drives it and the racks it cools."""
+
+    name: str
+    cdu: str
+    racks: tuple[tuple[str, str], ...]
+    """(row, rack) of every rack the loop cools."""
 
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """The rows one aggregator owns, in one site."""
+    """What one aggregator owns, in one site, under one topic root."""
 
     site: str
     rows: tuple[Row, ...]
+    loops: tuple[Loop, ...] = ()
+    root: str = ROOT
+    instance: str | None = None
+    """The aggregator's ``instance`` (its status topic); None: not in the configuration."""
+    aggregator_user: str | None = None
+    """The configuration's ``mqtt.username``, if set."""
 
 
 @dataclass(frozen=True, slots=True)
 class ServiceUsers:
-    """User names of the processes that are not node agents."""
+    """User names of the processes that are not node agents or CDU sources."""
 
     aggregator: str = "polca-aggregator"
     """The aggregator (``mqtt.username`` of its configuration)."""
@@ -106,31 +146,48 @@ def _items(value: object, what: str, where: str) -> list[dict[str, Any]]:
 
 
 def _plain_topic(value: object, what: str) -> str:
-    """``value`` if it is a topic without wildcards or blank levels, else TopologyError."""
-    if not isinstance(value, str) or any(
-        not level or re.search(r"[+#\s\x00]", level) for level in value.split("/")
+    """``value`` if it is a topic without wildcards, blank levels or a leading ``$``."""
+    if (
+        not isinstance(value, str)
+        or value.startswith("$")
+        or any(not level or re.search(r"[+#\s\x00]", level) for level in value.split("/"))
     ):
-        msg = f"{what} {value!r} must be a plain topic (no wildcard, no blank level)"
+        msg = f"{what} {value!r} must be a plain topic (no wildcard, no blank level, no $)"
         raise TopologyError(msg)
     return value
 
 
-def parse_topology(raw: object) -> Topology:
-    """The topology of a parsed aggregator configuration; other keys are ignored.
+def _meter_topic(value: object, *, root: str, site: str, row: str) -> str:
+    """A row's meter topic, refused when it is (or could be) another polca topic."""
+    if value is None:
+        return f"{root}/{site}/{row}/meter"
+    topic = _plain_topic(value, f"row {row}: meter_topic")
+    if topic.startswith(f"{root}/"):
+        levels = topic[len(root) + 1 :].split("/")
+        if levels[-1] in _CHANNELS or (len(levels) > 1 and levels[1] in RESERVED_ROWS):
+            msg = (
+                f"row {row}: meter_topic {topic!r} is (or may become) another polca topic; "
+                f"its meter could then write it"
+            )
+            raise TopologyError(msg)
+    return topic
 
-    Raises ``TopologyError`` naming the first problem: a name that is not one topic level,
-    a node name used twice (it is the MQTT user name), a rack or row name used twice.
-    """
-    if not isinstance(raw, dict):
-        msg = "the configuration must be a mapping with 'site' and 'rows'"
+
+def _user_name(kind: str, value: str) -> str:
+    if not _SEGMENT.match(value):
+        msg = f"{kind} user name {value!r} must be letters, digits, _ . - only"
         raise TopologyError(msg)
-    site = _segment("site", raw.get("site"), "site")
+    return value
+
+
+def _rows(raw: dict[str, Any], *, root: str, site: str) -> tuple[Row, ...]:
     rows: list[Row] = []
     seen_nodes: dict[str, str] = {}
+    meters: dict[str, str] = {}
     for row_raw in _items(raw.get("rows"), "rows", "rows"):
         row = _segment("row", row_raw.get("name"), "rows[]")
-        if row == _AGGREGATOR_LEVEL:
-            msg = f"row name {row!r} is reserved for the aggregators' own topics"
+        if row in RESERVED_ROWS:
+            msg = f"row name {row!r} is reserved: {root}/{site}/{row}/ holds polca's own topics"
             raise TopologyError(msg)
         if any(existing.name == row for existing in rows):
             msg = f"row {row!r} is listed twice"
@@ -155,13 +212,96 @@ def parse_topology(raw: object) -> Topology:
                     raise TopologyError(msg)
                 seen_nodes[node] = where
             racks.append(Rack(rack, nodes))
-        meter_raw = row_raw.get("meter_topic")
-        meter = None if meter_raw is None else _plain_topic(meter_raw, f"row {row}: meter_topic")
+        meter = _meter_topic(row_raw.get("meter_topic"), root=root, site=site, row=row)
+        if meter in meters:
+            msg = f"rows {meters[meter]} and {row} have the same meter topic {meter!r}"
+            raise TopologyError(msg)
+        meters[meter] = row
         rows.append(Row(row, tuple(racks), meter))
-    return Topology(site, tuple(rows))
+    return tuple(rows)
 
 
-def load_topology(path: Path) -> Topology:
+def _loops(raw: object, rows: tuple[Row, ...]) -> tuple[Loop, ...]:
+    """The cooling loops of ``cooling.loops``, each rack placed in its row."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        msg = "cooling must be a mapping with 'loops'"
+        raise TopologyError(msg)
+    if not raw.get("loops"):
+        return ()
+    rows_of: dict[str, list[str]] = {}
+    for row in rows:
+        for rack in row.racks:
+            rows_of.setdefault(rack.name, []).append(row.name)
+    loops: list[Loop] = []
+    cooled: dict[str, str] = {}
+    for loop_raw in _items(raw["loops"], "cooling.loops", "cooling"):
+        name = loop_raw.get("name")
+        if not isinstance(name, str) or not _LOOP_NAME.match(name):
+            msg = f"cooling: loop name {name!r} is not one topic level (letters, digits, _ . : -)"
+            raise TopologyError(msg)
+        if any(existing.name == name for existing in loops):
+            msg = f"cooling: loop {name!r} is listed twice"
+            raise TopologyError(msg)
+        cdu = loop_raw.get("cdu")
+        if not isinstance(cdu, str) or not _SEGMENT.match(cdu):
+            msg = (
+                f"loop {name}: CDU id {cdu!r} must be letters, digits, _ . - (it is the CDU's "
+                "MQTT user name; ':' would end the name in the password file)"
+            )
+            raise TopologyError(msg)
+        if any(existing.cdu == cdu for existing in loops):
+            msg = f"loop {name}: CDU {cdu!r} already drives another loop"
+            raise TopologyError(msg)
+        racks_raw = loop_raw.get("racks")
+        if not isinstance(racks_raw, list) or not racks_raw:
+            msg = f"loop {name}: racks must be a non-empty list"
+            raise TopologyError(msg)
+        racks: list[tuple[str, str]] = []
+        for rack in racks_raw:
+            rack_rows = rows_of.get(rack, []) if isinstance(rack, str) else []
+            if len(rack_rows) != 1:
+                msg = (
+                    f"loop {name}: rack {rack!r} must be a rack of exactly one row, "
+                    f"found in {rack_rows or 'none'}"
+                )
+                raise TopologyError(msg)
+            if rack in cooled:
+                msg = f"rack {rack} is cooled by two loops: {cooled[rack]} and {name}"
+                raise TopologyError(msg)
+            cooled[rack] = name
+            racks.append((rack_rows[0], rack))
+        loops.append(Loop(name, cdu, tuple(racks)))
+    return tuple(loops)
+
+
+def parse_topology(raw: object, *, root: str | None = None) -> Topology:
+    """The topology of a parsed aggregator configuration; other keys are ignored.
+
+    ``root`` overrides the configuration's ``topic_root``. Raises ``TopologyError`` naming
+    the first problem: a name that is not one topic level, a reserved row name, a node,
+    rack, row, loop or CDU listed twice, a meter topic that is another polca topic, a
+    loop's rack that is in no row.
+    """
+    if not isinstance(raw, dict):
+        msg = "the configuration must be a mapping with 'site' and 'rows'"
+        raise TopologyError(msg)
+    root = _plain_topic(root or raw.get("topic_root") or ROOT, "topic root")
+    site = _segment("site", raw.get("site"), "site")
+    instance = raw.get("instance")
+    if instance is not None:
+        instance = _segment("aggregator instance", instance, "instance")
+    mqtt = raw.get("mqtt")
+    username = mqtt.get("username") if isinstance(mqtt, dict) else None
+    if username is not None:
+        username = _segment("aggregator user", username, "mqtt.username")
+    rows = _rows(raw, root=root, site=site)
+    loops = _loops(raw.get("cooling"), rows)
+    return Topology(site, rows, loops, root, instance, username)
+
+
+def load_topology(path: Path, *, root: str | None = None) -> Topology:
     """Read an aggregator configuration file (YAML, or JSON for a ``.json`` name)."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -174,7 +314,7 @@ def load_topology(path: Path) -> Topology:
         except ValueError as exc:
             msg = f"{path}: not valid JSON: {exc}"
             raise TopologyError(msg) from exc
-        return parse_topology(raw)
+        return parse_topology(raw, root=root)
     try:
         import yaml  # noqa: PLC0415 - optional: only YAML configurations need it
     except ImportError as exc:
@@ -185,67 +325,120 @@ def load_topology(path: Path) -> Topology:
     except yaml.YAMLError as exc:
         msg = f"{path}: not valid YAML: {exc}"
         raise TopologyError(msg) from exc
-    return parse_topology(raw)
+    return parse_topology(raw, root=root)
 
 
 def user_names(topology: Topology, users: ServiceUsers) -> list[str]:
-    """Every user the strict ACL names: services first, then meters, then nodes."""
-    names = [users.aggregator, users.scheduler, users.viewer]
-    names += [users.meter(row.name) for row in topology.rows if row.meter_topic]
+    """Every user the strict ACL names: services, meters, CDUs, then nodes."""
+    names = [
+        _user_name("aggregator", users.aggregator),
+        _user_name("scheduler", users.scheduler),
+        _user_name("viewer", users.viewer),
+    ]
+    names += [users.meter(row.name) for row in topology.rows]
+    names += [loop.cdu for loop in topology.loops]
     names += [node for row in topology.rows for rack in row.racks for node in rack.nodes]
     clashes = sorted({name for name in names if names.count(name) > 1})
     if clashes:
-        msg = f"user names used twice (a node named like a service user?): {', '.join(clashes)}"
+        msg = (
+            f"user names used twice (a node or CDU named like another user?): {', '.join(clashes)}"
+        )
         raise TopologyError(msg)
     return names
 
 
-def acl_text(topology: Topology, users: ServiceUsers, *, source: str, root: str = ROOT) -> str:
-    """The strict ACL: one ``user`` section per user, each granting exact topics."""
-    site = f"{root}/{topology.site}"
-    user_names(topology, users)  # refuse clashing names before writing anything
+def _aggregator(topology: Topology, user: str) -> list[str]:
+    site = f"{topology.root}/{topology.site}"
+    instance = topology.instance or "+"
+    pinned = "" if topology.instance else " (any instance: set `instance:` to pin it)"
     out = [
-        f"# Strict Mosquitto ACL for polca, generated by make-acl.py from {source}.",
-        "# Do not edit: change the topology and run make-acl.py again. Everything not",
-        "# granted below is denied. Topic layout: docs/mqtt.md.",
-        "",
-        "# The aggregator: reads its rows; writes their control, policy and summary, and its",
-        "# own status and events.",
-        f"user {users.aggregator}",
+        f"# The aggregator{pinned}: reads the node channels, control, meters and CDUs of its",
+        "# rows and loops; writes their control, policy and summary, the loops' state and",
+        "# alarms, and its own status (retained, also its Last Will) and events.",
+        f"user {user}",
     ]
     for row in topology.rows:
-        out += [f"topic read {site}/{row.name}/#"]
-        if row.meter_topic and not row.meter_topic.startswith(f"{site}/{row.name}/"):
-            out += [f"topic read {row.meter_topic}"]
         out += [
-            f"topic write {site}/{row.name}/control",
-            f"topic write {site}/{row.name}/policy",
-            f"topic write {site}/{row.name}/summary",
+            f"topic read {site}/{row.name}/+/+/{ch}" for ch in ("telemetry", "status", "events")
+        ]
+        out += [f"topic read {row.meter_topic}"]
+        # Control is read back, as the aggregator subscribes to it: another issuer on its
+        # rows is reported (foreign_control).
+        out += [
+            f"topic readwrite {site}/{row.name}/control",
+            f"topic read {site}/{row.name}/+/control",
         ]
         out += [f"topic write {site}/{row.name}/{rack.name}/control" for rack in row.racks]
-    out += [f"topic readwrite {site}/{_AGGREGATOR_LEVEL}/#", ""]
+        out += [f"topic write {site}/{row.name}/policy", f"topic write {site}/{row.name}/summary"]
+    for loop in topology.loops:
+        out += [
+            f"topic read {site}/cooling/{loop.cdu}/telemetry",
+            f"topic write {site}/cooling/loop/{loop.name}/state",
+            f"topic write {site}/cooling/loop/{loop.name}/alarms",
+        ]
     out += [
-        "# The scheduler: priority assignments of every node, and node liveness.",
+        f"topic write {site}/aggregator/{instance}/status",
+        f"topic write {site}/aggregator/{instance}/events",
+        "",
+    ]
+    return out
+
+
+def _services(topology: Topology, users: ServiceUsers) -> list[str]:
+    site = f"{topology.root}/{topology.site}"
+    out = [
+        "# The scheduler: writes the priority assignment of every node; reads node status.",
         f"user {users.scheduler}",
     ]
     for row in topology.rows:
-        out += [f"topic readwrite {site}/{row.name}/+/+/assign"]
+        out += [f"topic write {site}/{row.name}/+/+/assign"]
         out += [f"topic read {site}/{row.name}/+/+/status"]
     out += [
         "",
-        "# Read-only access for operators (`polca status`) and tools.",
+        "# Read-only access for operators (`polca status`) and tools: everything of these",
+        "# rows, loops and this aggregator; nothing written.",
         f"user {users.viewer}",
     ]
-    out += [f"topic read {site}/{row.name}/#" for row in topology.rows]
-    out += [f"topic read {site}/{_AGGREGATOR_LEVEL}/#", ""]
     for row in topology.rows:
-        if row.meter_topic:
-            out += [
-                f"# The power meter of row {row.name}.",
-                f"user {users.meter(row.name)}",
-                f"topic write {row.meter_topic}",
-                "",
-            ]
+        out += [f"topic read {site}/{row.name}/#"]
+        if not row.meter_topic.startswith(f"{site}/{row.name}/"):
+            out += [f"topic read {row.meter_topic}"]
+    for loop in topology.loops:
+        out += [
+            f"topic read {site}/cooling/{loop.cdu}/telemetry",
+            f"topic read {site}/cooling/loop/{loop.name}/#",
+        ]
+    out += [f"topic read {site}/aggregator/{topology.instance or '+'}/#", ""]
+    for row in topology.rows:
+        out += [
+            f"# The power meter of row {row.name}: writes the row's meter topic only.",
+            f"user {users.meter(row.name)}",
+            f"topic write {row.meter_topic}",
+            "",
+        ]
+    return out
+
+
+def _cdus(topology: Topology, simulated: Collection[str]) -> list[str]:
+    site = f"{topology.root}/{topology.site}"
+    out: list[str] = []
+    for loop in topology.loops:
+        out += [
+            f"# CDU {loop.cdu} of loop {loop.name} (the CDU itself, its `polca cdu modbus`",
+            "# poller or a `polca cdu simulate`): writes its own telemetry only.",
+            f"user {loop.cdu}",
+            f"topic write {site}/cooling/{loop.cdu}/telemetry",
+        ]
+        if loop.cdu in simulated:
+            out += ["# Simulated (--simulated-cdu): its heat input is the telemetry of its racks."]
+            out += [f"topic read {site}/{row}/{rack}/+/telemetry" for row, rack in loop.racks]
+        out += [""]
+    return out
+
+
+def _nodes(topology: Topology) -> list[str]:
+    site = f"{topology.root}/{topology.site}"
+    out: list[str] = []
     for row in topology.rows:
         for rack in row.racks:
             rack_topic = f"{site}/{row.name}/{rack.name}"
@@ -259,6 +452,37 @@ def acl_text(topology: Topology, users: ServiceUsers, *, source: str, root: str 
                     f"topic read {site}/{row.name}/policy",
                     "",
                 ]
+    return out
+
+
+def acl_text(
+    topology: Topology,
+    users: ServiceUsers,
+    *,
+    source: str,
+    simulated: Collection[str] = (),
+) -> str:
+    """The strict ACL: one ``user`` section per user, each granting exact topics.
+
+    ``simulated`` names CDUs run by ``polca cdu simulate --rack``: they may also read the
+    node telemetry of the racks their loop cools.
+    """
+    user_names(topology, users)  # refuse clashing names before writing anything
+    unknown = sorted(set(simulated) - {loop.cdu for loop in topology.loops})
+    if unknown:
+        msg = f"--simulated-cdu names no CDU of the configuration: {', '.join(unknown)}"
+        raise TopologyError(msg)
+    out = [
+        f"# Strict Mosquitto ACL for polca, generated by make-acl.py from {source}.",
+        "# Do not edit: change the configuration and run make-acl.py again. There are no",
+        "# pattern lines: every user has exactly the topics of its own section, and",
+        "# everything else is denied. Roles: deploy/mosquitto/README.md; topics: docs/mqtt.md.",
+        "",
+    ]
+    out += _aggregator(topology, users.aggregator)
+    out += _services(topology, users)
+    out += _cdus(topology, simulated)
+    out += _nodes(topology)
     return "\n".join(out)
 
 
@@ -286,7 +510,8 @@ def passwd_commands(names: list[str], *, source: str) -> str:
         "#!/bin/sh",
         f"# Generated by make-acl.py from {source}: creates or updates the Mosquitto users of",
         "# the strict ACL. Copy each node's SECRETS_DIR/<node>.pass to that node as",
-        "# /etc/polca/mqtt.pass (mode 600), the aggregator's as /etc/polca/aggregator-mqtt.pass.",
+        "# /etc/polca/mqtt.pass (mode 600), the aggregator's as /etc/polca/aggregator-mqtt.pass,",
+        "# each CDU's to the host that publishes for it.",
         "set -eu",
         "# The broker's password file (created, mode 600, if missing).",
         'PASSWORD_FILE="${PASSWORD_FILE:-/etc/mosquitto/passwd}"',
@@ -301,28 +526,51 @@ def passwd_commands(names: list[str], *, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(path: Path, text: str, *, mode: int | None = None) -> None:
+    """Write ``path`` through a temporary file, so a broker reload never reads half of it."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    if mode is not None:
+        partial.chmod(mode)
+    partial.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: write the ACL (and optionally the password commands); 0 on success."""
     parser = argparse.ArgumentParser(
         prog="make-acl.py",
-        description="Strict per-node Mosquitto ACL from a polca aggregator configuration.",
+        description="Strict per-user Mosquitto ACL from a polca aggregator configuration.",
     )
     parser.add_argument("config", type=Path, help="aggregator configuration (YAML or .json)")
     parser.add_argument("-o", "--output", type=Path, help="ACL file to write (default: stdout)")
     parser.add_argument(
         "--passwd-commands", type=Path, help="also write a shell script adding every user"
     )
-    parser.add_argument("--root", default=ROOT, help=f"topic root (default: {ROOT})")
+    parser.add_argument(
+        "--root", default=None, help=f"topic root (default: topic_root, else {ROOT})"
+    )
     defaults = ServiceUsers()
-    parser.add_argument("--aggregator-user", default=defaults.aggregator)
+    parser.add_argument(
+        "--aggregator-user",
+        default=None,
+        help=f"default: the configuration's mqtt.username, else {defaults.aggregator}",
+    )
     parser.add_argument("--scheduler-user", default=defaults.scheduler)
     parser.add_argument("--viewer-user", default=defaults.viewer)
+    parser.add_argument(
+        "--simulated-cdu",
+        action="append",
+        default=[],
+        metavar="CDU",
+        help="a CDU run by `polca cdu simulate --rack`: it also reads its racks' node "
+        "telemetry (repeatable)",
+    )
     args = parser.parse_args(argv)
-    users = ServiceUsers(args.aggregator_user, args.scheduler_user, args.viewer_user)
     try:
-        _plain_topic(args.root, "--root")
-        topology = load_topology(args.config)
-        text = acl_text(topology, users, source=str(args.config), root=args.root)
+        topology = load_topology(args.config, root=args.root)
+        aggregator = args.aggregator_user or topology.aggregator_user or defaults.aggregator
+        users = ServiceUsers(aggregator, args.scheduler_user, args.viewer_user)
+        text = acl_text(topology, users, source=str(args.config), simulated=args.simulated_cdu)
         names = user_names(topology, users)
     except TopologyError as exc:
         sys.stderr.write(f"make-acl.py: error: {exc}\n")
@@ -330,11 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        args.output.write_text(text, encoding="utf-8")
+        _write(args.output, text)
     if args.passwd_commands is not None:
-        script = passwd_commands(names, source=str(args.config))
-        args.passwd_commands.write_text(script, encoding="utf-8")
-        args.passwd_commands.chmod(0o700)
+        _write(args.passwd_commands, passwd_commands(names, source=str(args.config)), mode=0o700)
     return 0
 
 

@@ -1,9 +1,10 @@
 #!/bin/sh
 # Create or update Mosquitto users for polca with random passwords, for the pattern ACL
-# (`acl`) of this folder: the service users and one user per node, named like the node.
+# (`acl`) of this folder: the service users, one user per node, named like the node, and
+# one per CDU source, named like the CDU id (a CDU, `polca cdu modbus` or `polca cdu simulate`).
 #
 #   PASSWORD_FILE=/etc/mosquitto/passwd SECRETS_DIR=./mqtt-secrets \
-#     ./make-passwords.sh polca-aggregator polca-scheduler polca-viewer meter node1 node2
+#     ./make-passwords.sh polca-aggregator polca-scheduler polca-viewer meter node1 node2 cdu1
 #
 # Each password is kept in $SECRETS_DIR/<user>.pass (mode 600; reused when present, so
 # rerunning adds users without changing the others) for distribution: a node's file

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from polca.agent.control import ControlTracker
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from polca.agent.control import ControlTracker, Verdict
+from polca.telemetry.checks import ClockWindow
 from polca.telemetry.schema import Control
 
 S = 1_000_000_000
+MAX_LEASE = 30 * S
+HOUR = 3600 * S
+WALL0 = 1_700_000_000 * S  # the controller's and (unless skewed) the node's wall clock
+MONO0 = 5_000 * S  # the node's monotonic clock at the same instant
 
 
 def _control(
@@ -15,17 +23,18 @@ def _control(
     scope: str = "row",
     rack: str | None = None,
     row: str = "row1",
-    issued_ns: int = 100 * S,
+    issued_ns: int = WALL0,
     lease_s: float = 10,
-    epoch_ns: int = 1,
+    epoch_ns: int = WALL0 - 60 * S,
     observe: bool = False,
+    issuer: str = "agg",
 ) -> Control:
     return Control(
         ts_ns=issued_ns,
         scope=scope,
         row=row,
         rack=rack,
-        issuer="agg",
+        issuer=issuer,
         epoch_ns=epoch_ns,
         seq=seq,
         level=level,
@@ -35,62 +44,207 @@ def _control(
     )
 
 
+def _tracker(*, issuers: frozenset[str] = frozenset()) -> ControlTracker:
+    return ControlTracker(row="row1", rack="r1", window=ClockWindow.of_seconds(5), issuers=issuers)
+
+
+def _offer(
+    tracker: ControlTracker,
+    control: Control,
+    *,
+    mono: int = MONO0,
+    wall: int = WALL0,
+    retained: bool = False,
+    max_lease: int = MAX_LEASE,
+) -> Verdict:
+    return tracker.offer(
+        control,
+        received_mono_ns=mono,
+        received_wall_ns=wall,
+        retained=retained,
+        max_lease_ns=max_lease,
+    )
+
+
+def _expiry(tracker: ControlTracker, now: int = MONO0) -> int:
+    lease = tracker.current(now)
+    assert lease is not None
+    return lease.expires_mono_ns
+
+
 def test_accepts_newer_and_ignores_stale_and_duplicate() -> None:
     """A lower or equal (epoch, seq) than the last accepted one is ignored and counted."""
-    tracker = ControlTracker(row="row1", rack="r1")
-    assert tracker.offer(_control(seq=5, level=2), received_ns=100 * S) == "accepted"
-    assert tracker.offer(_control(seq=4, level=0), received_ns=100 * S) == "stale"
-    assert tracker.offer(_control(seq=5, level=0), received_ns=100 * S) == "stale"
+    tracker = _tracker()
+    assert _offer(tracker, _control(seq=5, level=2)) == "accepted"
+    assert _offer(tracker, _control(seq=4, level=0)) == "stale"
+    assert _offer(tracker, _control(seq=5, level=0)) == "stale"
     assert tracker.rejected == 2
-    lease = tracker.current(101 * S)
+    lease = tracker.current(MONO0 + S)
     assert lease is not None
     assert lease.control.level == 2
 
 
 def test_new_epoch_supersedes_higher_seq() -> None:
     """A restarted controller (larger epoch) is accepted even with a lower seq."""
-    tracker = ControlTracker(row="row1", rack="r1")
-    tracker.offer(_control(seq=99, epoch_ns=1), received_ns=100 * S)
-    assert tracker.offer(_control(seq=1, epoch_ns=2, level=0), received_ns=100 * S) == "accepted"
+    tracker = _tracker()
+    _offer(tracker, _control(seq=99, epoch_ns=WALL0 - 60 * S))
+    assert _offer(tracker, _control(seq=1, epoch_ns=WALL0 - S, level=0)) == "accepted"
+
+
+def test_lease_runs_on_the_monotonic_clock_from_receipt() -> None:
+    """The lease ends the granted time after receipt on the monotonic clock."""
+    tracker = _tracker()
+    _offer(tracker, _control(seq=1, lease_s=10), mono=MONO0)
+    assert _expiry(tracker) == MONO0 + 10 * S
+    assert tracker.active(MONO0 + 10 * S) == []
+
+
+def test_lease_is_cut_to_the_policy_maximum() -> None:
+    """A control granting 100 years gets the policy's maximum lease, no more."""
+    tracker = _tracker()
+    years = _control(seq=1, lease_s=100 * 365 * 24 * 3600)
+    assert _offer(tracker, years, max_lease=MAX_LEASE) == "accepted"
+    assert _expiry(tracker) == MONO0 + MAX_LEASE
+
+
+def test_node_clock_ahead_still_follows_live_control() -> None:
+    """A node whose clock runs 11 s ahead follows live control and measures the skew."""
+    tracker = _tracker()
+    verdict = _offer(tracker, _control(seq=1, lease_s=10), wall=WALL0 + 11 * S)
+    assert verdict == "accepted"
+    assert _expiry(tracker) == MONO0 + 10 * S
+    assert tracker.skew_ns == 11 * S
+
+
+def test_node_clock_behind_still_follows_live_control() -> None:
+    """A node whose clock runs an hour behind follows live control all the same."""
+    tracker = _tracker()
+    assert _offer(tracker, _control(seq=1), wall=WALL0 - HOUR) == "accepted"
+    assert _expiry(tracker) == MONO0 + 10 * S
+    assert tracker.skew_ns == -HOUR
+
+
+def test_clock_steps_neither_expire_nor_extend_a_lease() -> None:
+    """A wall clock (node's or controller's) stepped by an hour either way changes no lease."""
+    for node_step, ctl_step in ((HOUR, 0), (-HOUR, 0), (0, HOUR), (0, -HOUR)):
+        tracker = _tracker()
+        _offer(tracker, _control(seq=1))
+        # One second later (monotonic), the next renewal arrives across the step.
+        renewal = _control(seq=2, issued_ns=WALL0 + S + ctl_step)
+        verdict = _offer(tracker, renewal, mono=MONO0 + S, wall=WALL0 + S + node_step)
+        assert verdict == "accepted", (node_step, ctl_step)
+        assert _expiry(tracker, MONO0 + S) == MONO0 + 11 * S, (node_step, ctl_step)
+
+
+def test_retained_control_is_judged_by_its_age() -> None:
+    """A retained control grants only what is left of its lease, and nothing once it is older."""
+    tracker = _tracker()
+    issued_4s_ago = _control(seq=1, issued_ns=WALL0 - 4 * S, lease_s=10)
+    assert _offer(tracker, issued_4s_ago, retained=True) == "accepted"
+    assert _expiry(tracker) == MONO0 + 6 * S
+    hour_old = _control(seq=2, issued_ns=WALL0 - HOUR, lease_s=10)
+    assert _offer(_tracker(), hour_old, retained=True) == "expired"
+
+
+def test_retained_control_from_the_future_is_refused() -> None:
+    """A retained control issued beyond the tolerance in the future grants nothing."""
+    tracker = _tracker()
+    ahead = _control(seq=1, issued_ns=WALL0 + 60 * S)
+    assert _offer(tracker, ahead, retained=True) == "future"
+    assert tracker.current(MONO0) is None
+
+
+def test_future_epoch_is_refused_and_cannot_lock_out_the_controller() -> None:
+    """An epoch of 2**62 is refused, stamped honestly or not; the real controller keeps control."""
+    tracker = _tracker()
+    assert _offer(tracker, _control(seq=1, level=2)) == "accepted"
+    assert _offer(tracker, _control(seq=1, level=0, epoch_ns=2**62)) == "future"
+    forged = _control(seq=1, level=0, epoch_ns=2**62, issued_ns=2**62)
+    assert _offer(tracker, forged) == "skewed"
+    assert _offer(tracker, forged, retained=True) == "future"
+    assert _offer(tracker, _control(seq=2, level=2), mono=MONO0 + S) == "accepted"
+    lease = tracker.current(MONO0 + S)
+    assert lease is not None
+    assert lease.control.level == 2
+
+
+def test_a_bogus_epoch_holds_at_most_one_lease() -> None:
+    """A plausible but bogus higher epoch stops locking the controller out when its lease ends."""
+    tracker = _tracker()
+    bogus = _control(seq=1, level=0, epoch_ns=WALL0 + 3 * S, issued_ns=WALL0 + 4 * S)
+    assert _offer(tracker, bogus) == "accepted"
+    real = _control(seq=7, level=2)
+    assert _offer(tracker, real, mono=MONO0 + S) == "stale"
+    assert _offer(tracker, real, mono=MONO0 + 10 * S) == "accepted"
+
+
+def test_lower_epoch_is_accepted_once_the_higher_lease_ran_out() -> None:
+    """A controller restarted after its clock stepped back regains control after the old lease."""
+    tracker = _tracker()
+    _offer(tracker, _control(seq=50, epoch_ns=WALL0 - S))
+    restarted = _control(seq=1, epoch_ns=WALL0 - HOUR, level=3)
+    assert _offer(tracker, restarted, mono=MONO0 + 5 * S) == "stale"
+    assert _offer(tracker, restarted, mono=MONO0 + 10 * S) == "accepted"
+
+
+def test_issuer_not_named_by_the_row_is_refused() -> None:
+    """With control_issuers set, another issuer's control is refused."""
+    tracker = _tracker(issuers=frozenset({"agg"}))
+    assert _offer(tracker, _control(seq=1, issuer="mallory")) == "issuer"
+    assert _offer(tracker, _control(seq=1, issuer="agg")) == "accepted"
 
 
 def test_expired_and_foreign_messages_are_ignored() -> None:
-    """Expired leases and other rows' or racks' control never apply."""
-    tracker = ControlTracker(row="row1", rack="r1")
-    assert tracker.offer(_control(seq=1), received_ns=200 * S) == "expired"
-    assert tracker.offer(_control(seq=2, row="row2"), received_ns=100 * S) == "foreign"
-    assert tracker.offer(_control(seq=3, scope="rack", rack="r9"), received_ns=100 * S) == "foreign"
-    assert tracker.current(100 * S) is None
-
-
-def test_lease_is_bounded_after_receipt_against_clock_skew() -> None:
-    """A lease lasts at most its granted length after receipt, whatever the clocks say."""
-    tracker = ControlTracker(row="row1", rack="r1")
-    # Issued (by the controller's clock) 1 s "in the future" of ours, lease 10 s.
-    tracker.offer(_control(seq=1, issued_ns=101 * S, lease_s=10), received_ns=100 * S)
-    lease = tracker.current(100 * S)
-    assert lease is not None
-    assert lease.expires_ns == 110 * S
+    """Leases ending before they start and other rows' or racks' control never apply."""
+    tracker = _tracker()
+    assert _offer(tracker, _control(seq=1, lease_s=-1)) == "expired"
+    assert _offer(tracker, _control(seq=2, row="row2")) == "foreign"
+    assert _offer(tracker, _control(seq=3, scope="rack", rack="r9")) == "foreign"
+    assert tracker.current(MONO0) is None
 
 
 def test_highest_level_of_row_and_rack_scope_wins_until_it_expires() -> None:
     """Row and rack leases combine by the higher level while both are valid."""
-    tracker = ControlTracker(row="row1", rack="r1")
-    tracker.offer(_control(seq=1, level=1, lease_s=10), received_ns=100 * S)
-    tracker.offer(_control(seq=1, level=3, scope="rack", rack="r1", lease_s=2), received_ns=100 * S)
-    now = tracker.current(101 * S)
+    tracker = _tracker()
+    _offer(tracker, _control(seq=1, level=1, lease_s=10))
+    _offer(tracker, _control(seq=1, level=3, scope="rack", rack="r1", lease_s=2))
+    now = tracker.current(MONO0 + S)
     assert now is not None
     assert now.control.level == 3
-    later = tracker.current(105 * S)
+    later = tracker.current(MONO0 + 5 * S)
     assert later is not None
     assert later.control.level == 1
-    gone = tracker.current(120 * S)
+    gone = tracker.current(MONO0 + 20 * S)
     assert gone is not None  # the expired lease is still reported, so callers see "expired"
-    assert gone.expires_ns <= 120 * S
+    assert gone.expires_mono_ns <= MONO0 + 20 * S
 
 
 def test_observe_mode_never_raises_the_level() -> None:
     """Shadow-mode control is acknowledged but not applied."""
-    tracker = ControlTracker(row="row1", rack="r1")
-    assert tracker.offer(_control(seq=1, level=3, observe=True), received_ns=100 * S) == "observed"
-    assert tracker.current(100 * S) is None
+    tracker = _tracker()
+    assert _offer(tracker, _control(seq=1, level=3, observe=True)) == "observed"
+    assert tracker.current(MONO0) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    node_offset_s=st.integers(-100 * 365 * 86400, 100 * 365 * 86400),
+    issued_offset_s=st.integers(-100 * 365 * 86400, 100 * 365 * 86400),
+    lease_s=st.integers(-(10**9), 10**9),
+    retained=st.booleans(),
+)
+def test_no_wall_clock_makes_a_lease_longer_than_granted(
+    node_offset_s: int, issued_offset_s: int, lease_s: int, retained: bool
+) -> None:
+    """Whatever the clocks say, a lease never outlasts min(granted, maximum) after receipt."""
+    tracker = _tracker()
+    issued = max(0, WALL0 + issued_offset_s * S)
+    control = _control(seq=1, issued_ns=issued, lease_s=max(lease_s, -issued // S))
+    verdict = _offer(tracker, control, wall=WALL0 + node_offset_s * S, retained=retained)
+    lease = tracker.current(MONO0)
+    if verdict != "accepted":
+        assert lease is None
+        return
+    assert lease is not None
+    granted = control.lease_expires_ns - control.issued_ns
+    assert 0 < lease.expires_mono_ns - MONO0 <= min(granted, MAX_LEASE)

@@ -122,10 +122,66 @@ def test_seed_from_retained_control_prevents_a_spurious_uncap(policy: Policy) ->
         trend_w_per_s=None,
     ).control
     new = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=2)
-    new.seed(retained)
+    new.seed(retained, top_level=policy.top_level)
     assert new.ladder.level == retained.level
     assert _step(new, policy, 70, 100) == retained.level  # low power, but the dwell restarts
     assert new.seq > retained.seq
     other_row = ScopeController(site="dc1", row="row2", rack=None, issuer="agg", epoch_ns=2)
-    other_row.seed(retained)
+    other_row.seed(retained, top_level=policy.top_level)
     assert other_row.ladder.level == 0
+
+
+def _without_top_level(policy: Policy) -> Policy:
+    return policy.model_copy(update={"levels": policy.levels[:-1]})
+
+
+def test_a_reload_that_removes_levels_at_the_top_level_clamps(policy: Policy) -> None:
+    """At the brake, a policy without it moves the scope to its new top level; nothing raises."""
+    ctl = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=1)
+    assert _step(ctl, policy, 99, 0) == policy.top_level
+    smaller = _without_top_level(policy)
+    assert _step(ctl, smaller, 99, 1) == smaller.top_level
+    assert _step(ctl, smaller, 10, 2) == smaller.top_level  # releases only after the dwell
+    one = policy.model_copy(update={"levels": policy.levels[:1]})
+    assert _step(ctl, one, 10, 3) == 1
+
+
+def test_retained_level_beyond_the_policy_is_clamped_when_seeding(policy: Policy) -> None:
+    """A retained level 9 (or a seq near 2**63) seeds the top level and leaves room to count."""
+    retained = (
+        ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=1)
+        .step(
+            power_w=9_500,
+            budget_w=BUDGET,
+            policy=policy,
+            revision="abc123abc123",
+            now_s=1,
+            now_ns=1,
+            lease_s=10,
+            observe=False,
+            trend_w_per_s=None,
+        )
+        .control.model_copy(update={"level": 9, "seq": 2**63 - 1})
+    )
+    new = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=2)
+    new.seed(retained, top_level=policy.top_level)
+    assert new.ladder.level == policy.top_level
+    assert _step(new, policy, 70, 2) == policy.top_level
+    assert new.seq < 2**63 - 1
+
+
+def test_a_budget_of_zero_counts_as_exceeded(policy: Policy) -> None:
+    """A thermal budget derated to 0 W brakes the scope instead of raising."""
+    ctl = ScopeController(site="dc1", row="row1", rack="r1", issuer="agg", epoch_ns=1)
+    decision = ctl.step(
+        power_w=100.0,
+        budget_w=0.0,
+        policy=policy,
+        revision="abc123abc123",
+        now_s=0,
+        now_ns=0,
+        lease_s=10,
+        observe=False,
+        trend_w_per_s=None,
+    )
+    assert decision.level == policy.top_level

@@ -536,17 +536,31 @@ def test_effective_budget_is_the_lower_of_electrical_and_thermal() -> None:
     assert effective_row_budget_w(100_000.0, ["r1", "r4"], thermal) == 100_000.0
 
 
-def test_supervisor_routes_by_cdu_and_drops_unknown_or_older_messages() -> None:
-    """Unknown CDUs and messages older than the last are refused; a step uses the newest."""
+def test_supervisor_routes_by_cdu_and_orders_by_receipt() -> None:
+    """Unknown CDUs are refused; a step uses the last message received, whatever its stamp."""
     sup = CoolingSupervisor(CoolingSettings(loops=(make_spec(),)))
     assert not sup.observe(cdu_msg(cdu="elsewhere"), now_s=0.0)
     assert sup.observe(cdu_msg(supply_c=31.0, ts_ns=10), now_s=0.0)
-    assert sup.observe(cdu_msg(supply_c=32.0, ts_ns=20), now_s=0.5)
-    assert not sup.observe(cdu_msg(supply_c=99.0, ts_ns=15), now_s=0.7)
+    assert sup.observe(cdu_msg(supply_c=32.0, ts_ns=5), now_s=0.5)
     step = sup.step(rack_power_w=POWER_W, now_s=1.0, top_level=3)
     assert step.loops["loopA"].supply_temp_c == 32.0
     assert step.loops["loopA"].telemetry_age_s == 0.5
     assert step.rack_thermal_budget_w == pytest.approx({"r1": 62_500.0, "r2": 62_500.0})
+
+
+def test_future_stamped_reading_does_not_silence_later_ones() -> None:
+    """After a reading stamped a year ahead, and the CDU's clock stepped back, a leak caps."""
+    year_ns = 365 * 86_400 * 10**9
+    sup = CoolingSupervisor(CoolingSettings(loops=(make_spec(),)))
+    assert sup.observe(cdu_msg(ts_ns=10**18 + year_ns), now_s=0.0)
+    sup.step(rack_power_w=POWER_W, now_s=0.0, top_level=3)
+    stepped_back_ns = 10**18 - 3600 * 10**9  # the CDU's clock stepped back an hour
+    leak = cdu_msg(leaks=("critical", "ok"), ts_ns=stepped_back_ns)
+    forced: Mapping[str, int] = {}
+    for tick in range(1, 20):
+        assert sup.observe(leak, now_s=float(tick))
+        forced = sup.step(rack_power_w=POWER_W, now_s=float(tick), top_level=3).forced_levels
+    assert forced == {"r1": 3, "r2": 3}
 
 
 def test_influx_fields_are_the_documented_ones() -> None:

@@ -10,7 +10,7 @@ from polca.aggregator.config import NodeSpec, RackSpec, RowSpec
 from polca.aggregator.intake import Intake
 from polca.aggregator.rollup import RowTracker
 from polca.telemetry.bus import InMessage
-from polca.telemetry.schema import Control, Status, Telemetry, encode
+from polca.telemetry.schema import Control, Event, Meter, State, Status, Telemetry, encode
 from polca.telemetry.topics import Topics
 
 BASE = "polca/v1/dc1/row1"
@@ -63,8 +63,8 @@ def test_valid_messages_reach_their_node() -> None:
     assert not intake.dropped
 
 
-def test_bad_messages_are_dropped_by_reason_and_logged_once_per_source() -> None:
-    """Each kind of bad input has its own reason; repeats from one source log once."""
+def test_bad_messages_are_dropped_by_reason_and_logged_at_a_bounded_rate() -> None:
+    """Each kind of bad input has its own reason; repeats of a reason log once a minute."""
     intake, tracker, _ = _intake()
     with capture_logs() as logs:
         for _ in range(3):
@@ -74,10 +74,114 @@ def test_bad_messages_are_dropped_by_reason_and_logged_once_per_source() -> None
         intake.handle(_msg(f"{BASE}/r9/n1/telemetry", _telemetry("n1")), 1)  # wrong rack
         intake.handle(_msg(f"{BASE}/r1/n1/telemetry", _telemetry("n2")), 1)  # spoofed node
         intake.handle(_msg("polca/v1/dc2/row1/r1/n1/telemetry", _telemetry("n1")), 1)
-    assert intake.dropped == {"malformed": 3, "schema_version": 1, "oversized": 1, "topology": 3}
+    assert intake.dropped == {
+        "malformed": 3,
+        "schema_version": 1,
+        "oversized": 1,
+        "topology": 2,
+        "identity": 1,
+    }
     assert tracker.nodes["n1"].telemetry is None
     dropped_logs = [e for e in logs if e["event"] == "message_dropped"]
-    assert len(dropped_logs) == 6  # the three malformed repeats logged once
+    assert len(dropped_logs) == 5  # one line per reason; the repeats are counted
+    assert {e["reason"] for e in dropped_logs} == set(intake.dropped)
+
+
+def test_invented_topics_grow_no_memory_and_no_log() -> None:
+    """200,000 topics invented under one row add no state and a single log line."""
+    intake, _, _ = _intake()
+    with capture_logs() as logs:
+        for i in range(200_000):
+            intake.handle(_msg(f"{BASE}/r1/n1/x{i}", b"{}"), 1)
+            intake.handle(_msg(f"{BASE}/r1/ghost{i}/telemetry", b"{}"), 1)
+    assert intake.dropped == {"topology": 400_000}
+    assert len([e for e in logs if e["event"] == "message_dropped"]) == 1
+    assert len(intake.drops._logged_at) == 1  # one entry per reason, whatever the topics
+
+
+def test_payload_identity_must_match_the_topic_on_every_channel() -> None:
+    """Status, events and state naming another node are dropped, never applied."""
+    intake, tracker, _ = _intake()
+    other = "n2"
+    status = encode(Status(ts_ns=1, state="offline", node=other))
+    event = encode(Event(ts_ns=1, seq=1, node=other, event="cap_changed"))
+    state = encode(State(ts_ns=1, seq=1, node=other, level=0, fail_safe=False, gpus=()))
+    events: list[Event] = []
+    intake.on_event = lambda *args: events.append(args[3])
+    for channel, payload in (("status", status), ("events", event), ("state", state)):
+        intake.handle(_msg(f"{BASE}/r1/n1/{channel}", payload), 1)
+    assert intake.dropped == {"identity": 3}
+    assert tracker.nodes["n1"].status is None
+    assert events == []
+
+
+def test_control_naming_another_row_or_rack_than_its_topic_is_dropped() -> None:
+    """A retained control whose row or rack differs from its topic never seeds a ladder."""
+    intake, _, seeded = _intake()
+    own = Control(
+        ts_ns=1,
+        scope="row",
+        row="row2",
+        issuer="agg",
+        epoch_ns=1,
+        seq=9,
+        level=2,
+        issued_ns=1,
+        lease_expires_ns=2,
+    )
+    intake.handle(_msg(f"{BASE}/control", encode(own), retain=True), 1)
+    rack = own.model_copy(update={"row": "row1", "scope": "rack", "rack": "r9"})
+    intake.handle(_msg(f"{BASE}/r1/control", encode(rack), retain=True), 1)
+    assert seeded == []
+    assert intake.dropped == {"identity": 2}
+
+
+def test_retained_readings_are_of_unknown_age_and_dropped() -> None:
+    """Telemetry and meter readings delivered retained are dropped as stale."""
+    intake, tracker, _ = _intake()
+    intake.handle(_msg(f"{BASE}/r1/n1/telemetry", _telemetry("n1"), retain=True), 1)
+    meter = encode(Meter(ts_ns=1, power_w=0.0))
+    intake.handle(_msg(f"{BASE}/meter", meter, retain=True), 1)
+    assert intake.dropped == {"stale": 2}
+    assert tracker.nodes["n1"].telemetry is None
+    assert tracker.meter_w is None
+
+
+def test_skewed_stamps_are_kept_counted_and_restamped_on_receipt() -> None:
+    """Telemetry stamped an hour ahead is applied, counted, and carries its receipt time."""
+    intake, tracker, _ = _intake()
+    received_ns = 1_700_000_000 * 10**9
+    seen: list[Telemetry] = []
+    intake.on_telemetry = lambda *args: seen.append(args[3])
+    ahead = Telemetry.model_validate(
+        {**json.loads(_telemetry("n1")), "ts_ns": received_ns + 3600 * 10**9}
+    )
+    intake.handle(InMessage(f"{BASE}/r1/n1/telemetry", encode(ahead), False, received_ns), now_s=1)
+    assert tracker.nodes["n1"].telemetry is not None
+    assert seen[0].ts_ns == received_ns
+    assert intake.skewed.counts == {"telemetry": 1}
+    assert not intake.dropped
+
+
+def test_a_failing_handler_is_counted_and_the_intake_carries_on() -> None:
+    """An unexpected error handling one message is counted as internal; the next one is applied."""
+    intake, tracker, _ = _intake()
+    calls: list[str] = []
+
+    def explode(row: str, rack: str, node: str, telemetry: Telemetry) -> None:
+        calls.append(node)
+        if len(calls) == 1:
+            msg = "boom"
+            raise RuntimeError(msg)
+
+    intake.on_telemetry = explode
+    with capture_logs() as logs:
+        intake.handle(_msg(f"{BASE}/r1/n1/telemetry", _telemetry("n1")), 1)
+        intake.handle(_msg(f"{BASE}/r1/n1/telemetry", _telemetry("n1")), 2)
+    assert intake.dropped == {"internal": 1}
+    assert calls == ["n1", "n1"]
+    assert tracker.nodes["n1"].received_s == 2
+    assert any(e.get("reason") == "internal" and e.get("exc_info") for e in logs)
 
 
 def test_retained_own_control_seeds_and_foreign_control_is_dropped() -> None:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
+import time
 from pathlib import Path
+from typing import Final
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from polca.aggregator import points
 from polca.aggregator.points import SCHEMA, Point, encode_lines, make_point
 from polca.telemetry.schema import Control, Event, GpuTelemetry, Telemetry
-from tests.tsdb import InfluxDB1Process
+from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 TS_NS = 1_700_000_000_123_456_789
@@ -279,3 +284,146 @@ def test_documentation_matches_schema() -> None:
         for measurement, schema in SCHEMA.items()
     }
     assert _documented_schema() == expected
+
+
+def test_lone_surrogate_in_an_event_becomes_a_replacement_character() -> None:
+    """A lone surrogate (no UTF-8 for it) in an event's detail or a tag encodes as U+FFFD."""
+    event = Event(ts_ns=7, seq=1, node="n01", event="cap_changed", detail={"e": "x\ud800y"})
+    point = points.event_point(event, site="s\udfff", row="r", rack="k")
+    body = encode_lines([point])
+    line = body.decode("utf-8")  # strict: valid UTF-8
+    assert "site=s\ufffd" in line
+    assert 'text="n01: cap_changed: e=x\ufffdy"' in line
+
+
+def test_backslash_that_would_escape_a_delimiter_or_end_a_name_is_replaced() -> None:
+    """A backslash at the end of a name or tag value, or before , = or space, becomes U+FFFD."""
+    point = Point(
+        "m\\",
+        {"k\\": "a\\", "b": "x\\,y", "c": "keep\\this", "d": "two\\\\"},
+        {"f\\": 1.0, "s": "ends in \\"},
+        TS_NS,
+    )
+    assert point.to_line() == (
+        "m\ufffd,b=x\ufffd\\,y,c=keep\\this,d=two\\\ufffd,k\ufffd=a\ufffd "
+        'f\ufffd=1.0,s="ends in \\\\" 1700000000123'
+    )
+
+
+def test_empty_and_colliding_keys_are_left_out() -> None:
+    """Tags without a key, fields without a key, and a tag key met twice are left out."""
+    tags = {"": "v", "a\n": "first", "a\\n": "second"}  # both keys are written a\n
+    point = Point("m", tags, {"": 1.0, "x": 2.0}, 0)
+    assert point.to_line() == "m,a\\n=first x=2.0 0"
+
+
+def test_long_string_field_is_cut() -> None:
+    """A string field longer than 16,384 characters is cut, ending in an ellipsis."""
+    line = Point("m", {}, {"s": "y" * 100_000}, 0).to_line()
+    assert line == 'm s="' + "y" * 16_383 + '…" 0'
+
+
+@pytest.mark.parametrize(
+    ("point", "error"),
+    [
+        (Point("", {}, {"v": 1.0}, 0), "cannot start a line"),
+        (Point("#m", {}, {"v": 1.0}, 0), "cannot start a line"),
+        (Point("m", {}, {"v": 2**63}, 0), "int64"),
+        (Point("m", {}, {"v": -(2**63) - 1}, 0), "int64"),
+        (Point("m", {}, {"v": 1.0}, 2**63 + 10**6), "outside"),
+        (Point("m", {}, {"v": 1.0}, -(2**63) + 1), "outside"),  # rounded down to the ms
+    ],
+)
+def test_line_refuses_only_what_no_line_can_carry(point: Point, error: str) -> None:
+    """An empty or comment measurement, an int beyond int64, a time beyond InfluxDB's range."""
+    with pytest.raises(ValueError, match=error):
+        point.to_line()
+
+
+def test_largest_values_still_encode() -> None:
+    """The int64 bounds and InfluxDB's time bounds are written, not refused."""
+    point = Point("m", {}, {"a": 2**63 - 1, "b": -(2**63)}, 9_223_372_036_854_775_806)
+    assert point.to_line("ns") == (
+        "m a=9223372036854775807i,b=-9223372036854775808i 9223372036854775806"
+    )
+
+
+_HOSTILE: Final = ["\\", ",", "=", " ", '"', "'", "\n", "\r", "\t", "#", "\x00", "\ud800"]
+_TEXT: Final = st.text(
+    st.one_of(st.sampled_from(_HOSTILE), st.characters(exclude_categories=())), max_size=30
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(_TEXT, _TEXT, max_size=4),
+            st.dictionaries(_TEXT, _TEXT, max_size=3),
+            st.integers(-(2**62), 2**62),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_any_text_encodes_to_one_utf8_line_per_point(
+    specs: list[tuple[dict[str, str], dict[str, str], int]],
+) -> None:
+    """Whatever text tags and string fields hold, encode_lines never raises: one line each."""
+    built = [
+        Point("m", tags, {**fields, "v": 1.0}, ts_ns)  # one field every line has
+        for tags, fields, ts_ns in specs
+    ]
+    body = encode_lines(built)
+    lines = body.decode("utf-8").split("\n")
+    assert len(lines) == len(built)
+    for line, point in zip(lines, built, strict=True):
+        assert line.endswith(f" {point.ts_ns // 1_000_000}")
+        assert "\r" not in line
+
+
+def _hostile_points(count: int) -> list[Point]:
+    """Points whose tag keys, tag values, field keys and strings are made of hostile text."""
+    alphabet = [*_HOSTILE, "\udfff", "é", "🙂", "a", "b"]  # no letters of "time"
+    rng = random.Random(20261201)  # noqa: S311 - reproducible test data, not secrets
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+
+    return [
+        Point(
+            "hostile",
+            {text(): text() for _ in range(3)},
+            {text(): text(), "v": float(i)},
+            TS_NOW_NS + i * 1_000_000,
+        )
+        for i in range(count)
+    ]
+
+
+TS_NOW_NS = (time.time_ns() // 10**9 - 3600) * 10**9  # VictoriaMetrics keeps the last month
+
+
+def test_hostile_text_is_parsed_whole_by_influxdb(influxdb1: InfluxDB1Process) -> None:
+    """InfluxDB 1.6.7 takes every line of 300 hostile points (204, nothing partial)."""
+    influxdb1.write(encode_lines(_hostile_points(300)))
+    assert influxdb1.count("hostile", "v") == 300
+
+
+def test_hostile_text_is_parsed_whole_by_victoria_metrics(
+    victoria_metrics: VictoriaMetricsProcess,
+) -> None:
+    """VictoriaMetrics, which skips bad lines silently, stores all 300 hostile points."""
+    victoria_metrics.write(encode_lines(_hostile_points(300)))
+    assert victoria_metrics.count('{__name__="hostile_v"}') == 300
+
+
+def test_surrogate_reads_back_from_influxdb_as_replacement_character(
+    influxdb1: InfluxDB1Process,
+) -> None:
+    """What UTF-8 cannot carry arrives as U+FFFD, in a tag and in a string field."""
+    influxdb1.write(
+        Point("e", {"node": "n\ud800"}, {"text": "a\udfffb"}, TS_NOW_NS).to_line().encode()
+    )
+    (series,) = influxdb1.query('SELECT "node", "text" FROM "e"')
+    assert series["values"][0][1:] == ["n\ufffd", "a\ufffdb"]

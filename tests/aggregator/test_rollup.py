@@ -112,3 +112,31 @@ def test_trend_is_the_least_squares_slope() -> None:
         tracker.rollup(t, stale_after_s=STALE_S)
     assert tracker.trend_w_per_s(5.5, 5.0) == pytest.approx(100.0)
     assert RowTracker(_row()).trend_w_per_s(0, 5.0) is None
+
+
+def test_meter_far_below_node_telemetry_is_not_trusted() -> None:
+    """A 0 W meter reading while the nodes report 23 kW of GPUs leaves the computed power."""
+    tracker = RowTracker(_row(meter=True))
+    for node in ("n1", "n2", "n3"):
+        tracker.ingest_telemetry(node, _telemetry(node, 7_700), now_s=0)
+    tracker.ingest_meter(Meter(ts_ns=1, power_w=0.0), now_s=0)
+    rollup = tracker.rollup(0.5, stale_after_s=STALE_S)
+    assert rollup.power_source == "computed"
+    assert rollup.power_w == rollup.computed_power_w > 23_000
+    assert rollup.meter_rejected_w == 0.0
+    tracker.rollup(0.6, stale_after_s=STALE_S)
+    assert tracker.meter_rejected == 1  # counted once per reading, not per step
+    tracker.ingest_meter(Meter(ts_ns=2, power_w=24_000.0), now_s=1)
+    plausible = tracker.rollup(1.5, stale_after_s=STALE_S)
+    assert plausible.power_source == "meter"
+    assert plausible.power_w == 24_000.0
+
+
+def test_a_node_cannot_under_report_by_contradicting_itself() -> None:
+    """A node summing its GPUs to 0 W while each GPU reports 500 W counts its GPUs' sum."""
+    tracker = RowTracker(_row())
+    honest = _telemetry("n2", 2_000)
+    lying = honest.model_copy(update={"node_gpu_power_w": 0.0})
+    tracker.ingest_telemetry("n2", lying, now_s=0)
+    rack = tracker.rollup(0.5, stale_after_s=STALE_S).racks[0]
+    assert rack.power_w >= 2_000 + 500  # its GPUs' 2 kW plus non-GPU power

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -12,7 +15,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from polca.aggregator import points
+from polca.aggregator import points, spool
 from polca.aggregator.points import Point
 from polca.aggregator.sink import (
     BatchRejectedError,
@@ -25,11 +28,13 @@ from polca.aggregator.sink import (
 )
 from polca.errors import ConfigError, FatalError
 from polca.settings import InfluxSettings
-from polca.telemetry.schema import GpuTelemetry, Telemetry
+from polca.telemetry.schema import Event, GpuTelemetry, Telemetry
 from tests.mqtt_broker import free_port
 from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
 
 BASE_NS = (time.time_ns() // 1_000_000_000 - 3600) * 1_000_000_000  # an hour ago, whole s
+BASE_MS = BASE_NS // 1_000_000
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _settings(url: str, **overrides: Any) -> InfluxSettings:
@@ -84,6 +89,24 @@ def _dead_url() -> str:
 
 def _vm_count(vm: VictoriaMetricsProcess, name: str = "row_power_w") -> int:
     return vm.count(f'{{__name__="{name}"}}')
+
+
+def _settled(sink: InfluxSink, total: int) -> Callable[[], bool]:
+    """Whether the sink has accounted for ``total`` points: written, or dropped and counted."""
+    return lambda: sink.stats.points_written + sink.stats.points_dropped == total
+
+
+def _lines(start: int, count: int) -> list[bytes]:
+    """The line protocol of ``_row_points(start, count)``, as the sink spools it."""
+    return [p.to_line().encode() for p in _row_points(start, count)]
+
+
+def _legacy_segment(spool_dir: Path, seq: int, lines: list[bytes]) -> Path:
+    """A segment as polca spooled before checksums: ``<seq>-<points>.lp``, plain lines."""
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    path = spool_dir / f"{seq:016d}-{len(lines)}.lp"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
 
 
 async def test_v2_writes_gpu_and_row_points_to_victoria_metrics(
@@ -258,7 +281,7 @@ async def test_spool_survives_a_sink_restart(
         first.write(_row_points(250, 30))
     assert first.stats.spool_points == 280
     assert first.stats.points_written == 0
-    assert sorted(p.name for p in (tmp_path / "spool").iterdir() if p.suffix == ".lp")
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir() if p.suffix == ".lpc")
 
     await asyncio.to_thread(victoria_metrics.start)
     with capture_logs() as logs:
@@ -266,7 +289,7 @@ async def test_spool_survives_a_sink_restart(
         async with _running(second):
             await _until(lambda: second.stats.points_written == 280)
     assert second.stats.spool_points == 0
-    assert not [p for p in (tmp_path / "spool").iterdir() if p.suffix == ".lp"]
+    assert not [p for p in (tmp_path / "spool").iterdir() if p.suffix == ".lpc"]
     assert _vm_count(victoria_metrics) == 280
     assert any(e["event"] == "influx_spool_found" for e in logs)
 
@@ -296,8 +319,7 @@ async def test_spool_bound_drops_oldest_and_keeps_newest(
 ) -> None:
     """Past spool_max_mb the oldest segments go (counted); the newest are delivered."""
     batch = 100
-    line_bytes = len(_row_points(0, 1)[0].to_line()) + 1  # every line has the same length
-    segment_bytes = batch * line_bytes
+    segment_bytes = len(spool.encode_segment(_lines(1000, batch)))  # all of the same size
     settings = _settings(
         _dead_url(),
         batch_size=batch,
@@ -348,6 +370,215 @@ async def test_bad_data_is_dropped_not_retried(influxdb1: InfluxDB1Process) -> N
     rejected = [e for e in logs if e["event"] == "influx_batch_rejected"]
     assert len(rejected) == 1
     assert rejected[0]["status"] == 400
+
+
+async def test_partial_write_counts_a_field_type_conflict_per_point(
+    influxdb1: InfluxDB1Process,
+) -> None:
+    """InfluxDB 1.6 keeps 4 of 6 points and says dropped=2: 4 written, 2 rejected."""
+    influxdb1.write(b"m,site=s value=1.5 %d" % BASE_MS)  # the field is a float from now on
+    settings = _settings(influxdb1.url, api="v1", database=influxdb1.database, batch_size=6)
+    sink = InfluxSink(settings)
+    async with _running(sink):
+        sink.write(
+            [
+                Point("m", {"site": "s"}, {"value": 7 if i in (2, 4) else 1.5}, BASE_NS + i * 10**6)
+                for i in range(1, 7)
+            ]
+        )
+        await _until(lambda: sink.stats.points_written + sink.stats.points_rejected == 6)
+    assert (sink.stats.points_written, sink.stats.points_rejected) == (4, 2)
+    assert sink.stats.dropped == {"rejected": 2}
+    assert influxdb1.count("m", "value") == 1 + 4
+
+
+async def test_partial_write_counts_the_lines_influxdb_could_not_parse(
+    influxdb1: InfluxDB1Process, tmp_path: Path
+) -> None:
+    """InfluxDB 1.6 says dropped=0 for lines it cannot parse; they count as rejected anyway."""
+    lines = _lines(0, 10)
+    lines[3] = b"row,row=r1,site=s1 power_w= %d" % (BASE_MS + 3)  # no value
+    lines[7] = b"row,row=r1,site=s1 power_w=7.0.0 %d" % (BASE_MS + 7)  # no number
+    _legacy_segment(tmp_path / "spool", 1, lines)  # the one way such lines reach the sink
+    settings = _settings(
+        influxdb1.url, api="v1", database=influxdb1.database, spool_dir=tmp_path / "spool"
+    )
+    with capture_logs() as logs:
+        sink = InfluxSink(settings)
+        async with _running(sink):
+            await _until(_settled(sink, 10))
+    assert influxdb1.count("row", "power_w") == 8
+    assert (sink.stats.points_written, sink.stats.points_rejected) == (8, 2)
+    assert sink.stats.dropped == {"rejected": 2}
+    (rejected,) = [e for e in logs if e["event"] == "influx_batch_rejected"]
+    assert rejected["points"] == 2
+    assert rejected["kind"] == "400:partial write: unable to parse"
+
+
+def _influx_error(body: bytes) -> str:
+    message: str = json.loads(body)["error"]
+    return message
+
+
+def test_influxdb_1_6_partial_write_answers_name_what_was_lost(
+    influxdb1: InfluxDB1Process,
+) -> None:
+    """What InfluxDB 1.6.7 answers to partly bad batches, and what the sink makes of it."""
+    influxdb1.write(b"typed value=1.5 %d" % BASE_MS)
+    good = [b"m value=%d.5 %d" % (i, BASE_MS + i) for i in range(5)]
+    conflict = [b"typed value=%di %d" % (i, BASE_MS + i) for i in range(5)]  # same shard
+    cases = [  # lines; the answer's dropped=N; points the sink counts as lost; points stored
+        ([good[0], b"m value= 2", good[2]], 0, 1, 2),
+        ([b"m value=", good[1], b"m =1.0 2", b"m value=1.0 x"], 0, 3, 1),
+        ([good[0], conflict[1], conflict[2], good[3]], 2, 2, 2),
+        # A type conflict hides the unparsable line: the answer names one point, two are lost.
+        ([good[0], conflict[3], b"m value= 5"], 1, 1, 1),
+    ]
+    for index, (lines, dropped, counted, stored) in enumerate(cases):
+        measurement = b"p%d " % index
+        status, answer = influxdb1.post(b"\n".join(x.replace(b"m ", measurement) for x in lines))
+        message = _influx_error(answer)
+        assert status == 400, message
+        assert message.startswith("partial write: "), message
+        assert message.endswith(f" dropped={dropped}"), message
+        error = classify_status(status, message)
+        assert isinstance(error, BatchRejectedError)
+        assert error.dropped_points == counted, message
+        assert influxdb1.count(f"p{index}", "value") == stored
+    status, answer = influxdb1.post(b"q value= 1\nq value= 2")  # nothing parses
+    assert status == 400
+    nothing = classify_status(status, _influx_error(answer))
+    assert isinstance(nothing, BatchRejectedError)
+    assert nothing.dropped_points is None  # the whole batch
+
+
+async def test_victoria_metrics_skips_a_bad_line_and_still_says_204(
+    victoria_metrics: VictoriaMetricsProcess, tmp_path: Path
+) -> None:
+    """VictoriaMetrics logs an unparsable line and answers 204: the sink cannot count it."""
+    lines = _lines(0, 10)
+    lines[5] = b"row,row=r1,site=s1 power_w= %d" % (BASE_MS + 5)
+    _legacy_segment(tmp_path / "spool", 1, lines)
+    sink = InfluxSink(_settings(victoria_metrics.url, spool_dir=tmp_path / "spool"))
+    async with _running(sink):
+        await _until(_settled(sink, 10))
+    assert sink.stats.points_written == 10  # what the answer said
+    assert sink.stats.points_dropped == 0
+    assert _vm_count(victoria_metrics) == 9  # what arrived
+    assert "cannot unmarshal InfluxDB line" in victoria_metrics.log_tail()
+
+
+async def test_torn_spool_segments_replay_their_good_records_with_their_own_times(
+    influxdb1: InfluxDB1Process, tmp_path: Path
+) -> None:
+    """A segment cut mid-record and one with a flipped bit: the rest replays, 2 are counted."""
+    spool_dir = tmp_path / "spool"
+    v1 = {"api": "v1", "database": influxdb1.database, "spool_dir": spool_dir}
+    first = InfluxSink(_settings(_dead_url(), **v1))
+    async with _running(first, close_timeout_s=1.0):
+        first.write(_row_points(0, 250))  # three segments: 100, 100 and 50 points
+        await _until(lambda: first.stats.spool_points == 250)
+    segments = sorted(spool_dir.glob("*.lpc"))
+    assert [s.name.split("-")[1] for s in segments] == ["100.lpc", "100.lpc", "50.lpc"]
+    middle = bytearray(segments[1].read_bytes())
+    middle[middle.index(b"power_w=150.0") + len(b"power_w=")] ^= 0x01  # "150" -> "050"
+    segments[1].write_bytes(middle)
+    last = segments[2].read_bytes()
+    segments[2].write_bytes(last[: len(last) - 12])  # into the last record's timestamp
+
+    with capture_logs() as logs:
+        second = InfluxSink(_settings(influxdb1.url, **v1))
+        async with _running(second):
+            await _until(_settled(second, 250))
+    assert second.stats.points_written == 248
+    assert second.stats.dropped == {"spool_corrupt": 2}
+    (series,) = influxdb1.query('SELECT "power_w" FROM "row"')
+    assert [row[0] for row in series["values"]] == [
+        BASE_MS + i for i in range(250) if i not in (150, 249)
+    ]
+    assert [row[1] for row in series["values"]] == [
+        float(i) for i in range(250) if i not in (150, 249)
+    ]
+    dropped = [e for e in logs if e["event"] == "influx_points_dropped"]
+    assert [(e["reason"], e["points"]) for e in dropped] == [("spool_corrupt", 1)]  # a minute
+
+
+async def test_old_format_segment_cut_mid_line_is_counted_not_stamped_now(
+    influxdb1: InfluxDB1Process, tmp_path: Path
+) -> None:
+    """A plain .lp segment cut before its last timestamp: that line is counted, never sent."""
+    path = _legacy_segment(tmp_path / "spool", 1, _lines(0, 20))
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex(b" ")])  # "... power_w=19.0" without its time
+    settings = _settings(
+        influxdb1.url, api="v1", database=influxdb1.database, spool_dir=tmp_path / "spool"
+    )
+    sink = InfluxSink(settings)
+    async with _running(sink):
+        await _until(_settled(sink, 20))
+    assert sink.stats.points_written == 19
+    assert sink.stats.dropped == {"spool_corrupt": 1}
+    (series,) = influxdb1.query('SELECT "power_w" FROM "row"')
+    assert [row[0] for row in series["values"]] == [BASE_MS + i for i in range(19)]
+
+
+async def test_stray_and_broken_spool_entries_never_stop_the_sink(
+    victoria_metrics: VictoriaMetricsProcess, tmp_path: Path
+) -> None:
+    """Entries that only look like segments are counted, leftovers removed, the rest kept."""
+    spool_dir = tmp_path / "spool"
+    _legacy_segment(spool_dir, 5, _lines(0, 30))  # a good segment of the old format
+    (spool_dir / "0000000000000001-7.lp").symlink_to(spool_dir / "gone")  # dangling
+    (spool_dir / "0000000000000002-6.lp").mkdir()
+    (spool_dir / "0000000000000003-5.lpc").write_bytes(b"")
+    (spool_dir / "0000000000000004-4.lpc").write_bytes(b"not a segment\n" * 10)
+    (spool_dir / "0000000000000006-3.lpc.tmp").write_bytes(b"half a segment")
+    (spool_dir / "notes.txt").write_text("the operator's\n", encoding="utf-8")
+    with capture_logs() as logs:
+        sink = InfluxSink(_settings(victoria_metrics.url, spool_dir=spool_dir))
+        async with _running(sink):
+            await _until(lambda: sink.stats.points_written == 30)
+            sink.write(_row_points(30, 10))
+            await _until(lambda: sink.stats.points_written == 40)
+    assert sink.stats.dropped == {"spool_unreadable": 7 + 6, "spool_corrupt": 5 + 4}
+    assert sink.stats.points_dropped == 22
+    assert _vm_count(victoria_metrics) == 40
+    (debris,) = [e for e in logs if e["event"] == "influx_spool_debris"]
+    assert debris["tmp_removed"] == 1
+    assert debris["unreadable"] == ["0000000000000001-7.lp", "0000000000000002-6.lp"]
+    assert debris["unreadable_points"] == 13
+    assert debris["stray"] == ["notes.txt"]
+    assert sorted(p.name for p in spool_dir.iterdir()) == [
+        ".lock",
+        "0000000000000002-6.lp.stray",
+        "notes.txt",
+    ]
+
+
+def test_full_disk_leaves_no_tmp_file_and_keeps_the_points(tmp_path: Path) -> None:
+    """A disk that refuses a segment halfway (EFBIG, as ENOSPC): no .tmp, points kept, counted."""
+    spool_dir = tmp_path / "spool"
+    argv = [sys.executable, "-B", "-m", "tests.aggregator.fsize_child"]
+    argv += [_dead_url(), str(spool_dir), "500", "16384"]  # points, bytes a file may have
+    # RLIMIT_FSIZE limits a whole process: a child's, not the test runner's.
+    child = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert child.returncode == 0, child.stderr
+    report = json.loads(child.stdout)
+    assert "File too large" in report["spool_error"]
+    assert report["buffered_before_close"] == 500
+    assert report["files_before_close"] == [".lock"]
+    assert report["files"] == [".lock"]
+    assert report["spool_points"] == 0
+    assert report["dropped"] == {"closed": 500}  # close could neither send nor spool them
+
+
+def test_write_never_raises_on_text_utf8_cannot_carry() -> None:
+    """A lone surrogate in an event's detail is written as U+FFFD; write() does not raise."""
+    event = Event(ts_ns=BASE_NS, seq=1, node="n01", event="cap_changed", detail={"e": "\ud800"})
+    sink = InfluxSink(_settings(_dead_url()))
+    sink.write([points.event_point(event, site="s", row="r", rack="k")])
+    assert sink.stats.points_buffered == 1
+    assert sink.stats.dropped == {}
 
 
 async def test_v2_against_influxdb_1_6_is_an_outage_not_a_rejection(
@@ -459,7 +690,7 @@ async def test_cancelled_run_then_close_spools_memory(tmp_path: Path) -> None:
 
 
 def test_classify_status() -> None:
-    """5xx, 429, 404 and auth errors mean retry; other 4xx mean bad data."""
+    """5xx, 429, 404 and auth errors mean retry; other 4xx mean bad data, maybe partial."""
     assert isinstance(classify_status(503, "busy"), InfluxUnavailableError)
     throttled = classify_status(429, "slow down", retry_after="7")
     assert isinstance(throttled, InfluxUnavailableError)
@@ -472,6 +703,17 @@ def test_classify_status() -> None:
     other = classify_status(400, "unable to parse 'm x=1 2': bad timestamp")
     assert isinstance(other, BatchRejectedError)
     assert other.dropped_points is None
+    quoted = "partial write: unable to parse 'm s=\"dropped=9\" x': bad timestamp dropped=0"
+    named = classify_status(400, quoted)  # only the count at the end is the database's
+    assert isinstance(named, BatchRejectedError)
+    assert named.dropped_points == 1
+    many = "partial write: " + "\n".join(
+        f"unable to parse 'm v= {i}': no value" for i in range(999)
+    )
+    long = classify_status(400, many + " dropped=0")
+    assert isinstance(long, BatchRejectedError)
+    assert long.dropped_points == 999
+    assert len(str(long)) < 600  # the log line stays short
 
 
 def test_resolve_token_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,9 +14,11 @@ from structlog.testing import capture_logs
 
 from polca.cooling.config import CduSettings
 from polca.cooling.modbus import ModbusCduPoller, PymodbusClient
+from polca.cooling.publisher import DropLog, publish_poll_once
 from polca.cooling.registers import ModbusCduConfig, load_map
 from polca.errors import ConfigError, TransportError
 from polca.settings import load_settings_as
+from polca.telemetry.bus import OutMessage
 from polca.telemetry.schema import CduTelemetry
 from tests.cooling.conftest import ModbusTestServer, word16, words32
 from tests.mqtt_broker import free_port
@@ -315,3 +317,106 @@ async def test_bad_values_are_left_out_and_logged_once(modbus_server: ModbusTest
     assert sorted(invalid) == ["pumps.0.state", "secondary.supply_temp_c"]
     valid = [e["field"] for e in logs if e["event"] == "modbus_value_valid"]
     assert sorted(valid) == ["pumps.0.state", "secondary.supply_temp_c"]
+    assert poller.invalid_values == 4  # two fields, two polls
+
+
+class ScriptedClient:
+    """A RegisterClient whose reads answer from a script of responses (a misbehaving CDU)."""
+
+    def __init__(self, responses: list[list[Any]]) -> None:
+        self.responses = responses
+        self.closed = 0
+
+    async def connect(self) -> None:
+        """Always connects."""
+
+    async def read(self, table: str, address: int, count: int) -> list[Any]:
+        """The next scripted response, whatever was asked."""
+        del table, address, count
+        return self.responses.pop(0)
+
+    def close(self) -> None:
+        """Count closes."""
+        self.closed += 1
+
+
+def one_point_config() -> ModbusCduConfig:
+    """A map of one 16-bit register with quick retries."""
+    return load_map(
+        {
+            "cdu": "cdu9",
+            "loop": "loop9",
+            "host": "127.0.0.1",
+            "reconnect_min_s": 0.0,
+            "reconnect_max_s": 0.0,
+            "points": [{"field": "secondary.supply_temp_c", "address": 0, "scale": 0.1}],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("response", "fragment"),
+    [
+        ([], "returned 0 registers for a read of 1"),
+        ([300, 301], "returned 2 registers for a read of 1"),
+        ([70_000], "not a 16-bit word"),
+        ([-1], "not a 16-bit word"),
+        (["300"], "not a 16-bit word"),
+    ],
+)
+async def test_wrong_responses_are_counted_failures_and_polling_goes_on(
+    response: list[Any], fragment: str
+) -> None:
+    """A response of the wrong size or words fails that poll only; the next poll reads."""
+    clients: list[ScriptedClient] = []
+
+    def factory(_config: ModbusCduConfig) -> ScriptedClient:
+        clients.append(ScriptedClient([[305]] if clients else [response, [305]]))
+        return clients[-1]
+
+    async with polling(one_point_config(), client_factory=factory) as poller:
+        with pytest.raises(TransportError, match=fragment):
+            await poller.poll()
+        assert (poller.bad_responses, poller.failures) == (1, 1)
+        assert clients[0].closed == 1  # the framing cannot be trusted: reconnect
+        reading = await poll_until_ok(poller)
+    assert reading.secondary.supply_temp_c == pytest.approx(30.5)
+    assert len(clients) == 2
+
+
+async def test_an_unexpected_poll_failure_is_logged_and_the_loop_goes_on() -> None:
+    """A bug in a poll (not a transport or map problem) costs that poll, logged rate-limited."""
+    sent: list[OutMessage] = []
+
+    class Recorder:
+        def publish_nowait(self, msg: OutMessage) -> None:
+            sent.append(msg)
+
+    script: list[list[Any]] = [[305], [305], [305]]
+
+    class Exploding(ModbusCduPoller):
+        calls = 0
+
+        async def poll(self) -> CduTelemetry:
+            self.calls += 1
+            if self.calls <= 2:
+                msg = "bug"
+                raise RuntimeError(msg)
+            return await super().poll()
+
+    poller = Exploding(one_point_config(), client_factory=lambda _c: ScriptedClient(script))
+    failures = DropLog("cdu_poll_failed")
+    try:
+        with capture_logs() as logs:
+            assert await publish_poll_once(Recorder(), poller, site="s", failures=failures) is None
+            assert await publish_poll_once(Recorder(), poller, site="s", failures=failures) is None
+            good = await publish_poll_once(Recorder(), poller, site="s", failures=failures)
+    finally:
+        poller.close()
+    assert good is not None
+    assert len(sent) == 1
+    assert failures.counts == {"internal": 2}
+    lines = [e for e in logs if e["event"] == "cdu_poll_failed"]
+    assert len(lines) == 1  # the second failure falls in the same 10 s window
+    assert lines[0]["reason"] == "internal"
+    assert isinstance(lines[0]["exc_info"], RuntimeError)

@@ -8,10 +8,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
+from polca.cooling import publisher
 from polca.cooling.modbus import ModbusCduPoller
 from polca.cooling.plant import SimulatedCdu
 from polca.cooling.publisher import (
+    DropLog,
     RackPowerTracker,
     publish_plant_once,
     run_plant,
@@ -251,3 +254,182 @@ async def test_plant_heat_follows_agents_telemetry(mosquitto: MosquittoProcess) 
         await wait_for(lambda: tracker.power_w().get("row1/rack1") == 40_000.0)
         publish_plant_once(bus, plant, site=SITE, rack_power_w=tracker.power_w)
     assert plant.heat_input_kw == pytest.approx(40.0 * 0.8)
+
+
+N1_TOPIC = TOPICS.node(NodeAddress(SITE, "row1", "rack1", "n1"), "telemetry")
+
+
+def message(payload: bytes, *, topic: str = N1_TOPIC, retain: bool = False) -> InMessage:
+    """A received message."""
+    return InMessage(topic, payload, retain, 0)
+
+
+def huge_int_telemetry() -> bytes:
+    """n1's telemetry with a 5,000-digit sequence number (json.loads alone raises on it)."""
+    return node_telemetry("n1", 1000.0).replace(b'"seq":1', b'"seq":' + b"9" * 5000)
+
+
+HOSTILE: list[tuple[str, InMessage]] = [
+    ("bad-json", message(b"{not json")),
+    ("not-utf8", message(b"\xff\xfe\xfd")),
+    ("deep-nesting", message(b"[" * 100_000)),
+    ("deep-object", message(b'{"a":' * 50_000)),
+    ("huge-int", message(huge_int_telemetry())),
+    ("oversized", message(b" " * (2 * 1024 * 1024))),
+    ("wrong-kind", message(b'{"schema_version": 1, "kind": "status", "ts_ns": 1}')),
+    ("nan", message(node_telemetry("n1", 1000.0).replace(b"1000.0", b"NaN", 1))),
+    ("empty", message(b"")),
+]
+
+
+@pytest.mark.parametrize(("name", "hostile"), HOSTILE, ids=[name for name, _ in HOSTILE])
+def test_hostile_payloads_are_counted_and_dropped(name: str, hostile: InMessage) -> None:
+    """Each hostile payload is dropped and counted; the next good message is taken."""
+    tracker = RackPowerTracker(racks=["row1/rack1"])
+    with capture_logs() as logs:
+        assert not tracker.feed(hostile), name
+    assert sum(tracker.dropped.values()) == 1
+    assert "internal" not in tracker.dropped  # decode refused it with a SchemaError
+    assert [e["event"] for e in logs] == ["node_telemetry_dropped"]
+    assert len(logs[0]["error"]) <= 256
+    assert tracker.feed(message(node_telemetry("n1", 1000.0)))
+    assert tracker.power_w() == {"row1/rack1": 1000.0}
+
+
+@pytest.mark.parametrize(
+    ("hostile", "reason"),
+    [
+        (message(node_telemetry("n2", 9000.0)), "identity"),  # n2's reading on n1's topic
+        (message(node_telemetry("n1", 9000.0), retain=True), "retained"),
+        (message(b"{}", topic="polca/v1/site/row1/rack1/n1/status"), "topic"),
+        (message(b"{}", topic="polca/v1/site/row1/rack1/n 1/telemetry"), "topic"),
+        (message(b"{}", topic="x" * 70_000), "topic"),
+    ],
+)
+def test_readings_that_parse_but_cannot_be_trusted_are_dropped(
+    hostile: InMessage, reason: str
+) -> None:
+    """Another node's name, a retained (old) reading and a foreign topic are refused."""
+    tracker = RackPowerTracker(racks=["row1/rack1"])
+    with capture_logs() as logs:
+        assert not tracker.feed(hostile)
+    assert tracker.dropped == {reason: 1}
+    assert tracker.power_w() == {"row1/rack1": 0.0}
+    assert logs[0]["reason"] == reason
+    assert len(logs[0]["topic"]) <= 256
+
+
+def test_an_unexpected_exception_costs_one_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug while handling a message is counted as internal, logged with it, and survived."""
+
+    def broken(_payload: bytes, _expected: object = None) -> object:
+        msg = "decoder bug"
+        raise RuntimeError(msg)
+
+    tracker = RackPowerTracker(racks=["row1/rack1"])
+    monkeypatch.setattr(publisher, "decode", broken)
+    with capture_logs() as logs:
+        assert not tracker.feed(message(node_telemetry("n1", 1000.0)))
+    monkeypatch.undo()
+    assert tracker.dropped == {"internal": 1}
+    assert logs[0]["log_level"] == "error"
+    assert isinstance(logs[0]["exc_info"], RuntimeError)
+    assert tracker.feed(message(node_telemetry("n1", 1000.0)))
+
+
+def test_cancellation_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CancelledError (a BaseException) passes through the per-message guard."""
+
+    def cancelled(_payload: bytes, _expected: object = None) -> object:
+        raise asyncio.CancelledError
+
+    tracker = RackPowerTracker(racks=["row1/rack1"])
+    monkeypatch.setattr(publisher, "decode", cancelled)
+    with pytest.raises(asyncio.CancelledError):
+        tracker.feed(message(node_telemetry("n1", 1000.0)))
+
+
+def test_drop_logs_are_rate_limited_per_reason() -> None:
+    """One line per reason per 10 s, saying how many were dropped since the last line."""
+    now = [0.0]
+    drops = DropLog("node_telemetry_dropped", clock=lambda: now[0])
+    tracker = RackPowerTracker(racks=["row1/rack1"], clock=lambda: now[0], drops=drops)
+    with capture_logs() as logs:
+        for _ in range(1000):
+            tracker.feed(message(b"junk"))
+        tracker.feed(message(node_telemetry("n2", 1.0)))
+        now[0] = 10.0
+        tracker.feed(message(b"junk"))
+    assert [(e["reason"], e["dropped"], e["total"]) for e in logs] == [
+        (logs[0]["reason"], 1, 1),
+        ("identity", 1, 1),
+        (logs[0]["reason"], 1000, 1001),
+    ]
+    assert sum(tracker.dropped.values()) == 1002
+
+
+def test_a_flood_of_node_names_is_bounded() -> None:
+    """Past max_nodes, new nodes are dropped (capacity) unless stale ones can be forgotten."""
+    now = [0.0]
+    tracker = RackPowerTracker(max_nodes=3, clock=lambda: now[0])
+
+    def feed(node: str) -> bool:
+        topic = TOPICS.node(NodeAddress(SITE, "row1", "rack1", node), "telemetry")
+        return tracker.feed(message(node_telemetry(node, 10.0), topic=topic))
+
+    assert all(feed(f"n{i}") for i in range(3))
+    assert not feed("n3")
+    assert tracker.dropped == {"capacity": 1}
+    now[0] = 5.0
+    assert feed("n0")  # a known node is always updated
+    now[0] = 11.0
+    assert feed("n4")  # n1, n2 are stale now and make room
+    assert tracker.power_w() == {"row1/rack1": 20.0}
+
+
+class ListSource:
+    """A Subscriber that hands out ``messages`` and then waits forever."""
+
+    def __init__(self, messages: list[InMessage]) -> None:
+        self.queue: asyncio.Queue[InMessage] = asyncio.Queue()
+        for m in messages:
+            self.queue.put_nowait(m)
+
+    async def get(self) -> InMessage:
+        """The next message."""
+        return await self.queue.get()
+
+
+async def test_the_listener_loop_outlives_every_hostile_message() -> None:
+    """track_rack_power takes hostile messages one at a time and keeps going."""
+    good = message(node_telemetry("n1", 2500.0))
+    source = ListSource([m for _, m in HOSTILE] + [good])
+    tracker = RackPowerTracker(racks=["row1/rack1"])
+    async with tasks(track_rack_power(source, tracker)):
+        await wait_for(lambda: tracker.accepted == 1)
+    assert sum(tracker.dropped.values()) == len(HOSTILE)
+    assert tracker.power_w() == {"row1/rack1": 2500.0}
+
+
+async def test_retained_hostile_messages_on_the_broker_do_not_end_the_listener(
+    mosquitto: MosquittoProcess,
+) -> None:
+    """Retained junk on the subscribed topics, then live junk: the tracker still works."""
+    agent, agent_run = await connected_bus(mosquitto.port, "hostile-agent")
+    async with tasks(agent_run):
+        await agent.connected.wait()
+        for node, payload in (("n1", b"[" * 100_000), ("n2", huge_int_telemetry()), ("n3", b"{")):
+            topic = TOPICS.node(NodeAddress(SITE, "row1", "rack1", node), "telemetry")
+            agent.publish_nowait(OutMessage(topic, payload, qos=1, retain=True))
+        assert await agent.flush(WAIT_S)
+        tracker = RackPowerTracker(racks=["row1/rack1"])
+        bus, bus_run = await connected_bus(
+            mosquitto.port, "cdu-sim", [(TOPICS.all_nodes(SITE, "row1", "telemetry"), 0)]
+        )
+        async with tasks(bus_run, track_rack_power(bus, tracker)):
+            await wait_for(lambda: tracker.dropped.get("retained", 0) == 3)
+            agent.publish_nowait(OutMessage(N1_TOPIC, b"[" * 100_000))
+            agent.publish_nowait(OutMessage(N1_TOPIC, huge_int_telemetry()))
+            agent.publish_nowait(OutMessage(N1_TOPIC, node_telemetry("n1", 7000.0)))
+            await wait_for(lambda: tracker.power_w().get("row1/rack1") == 7000.0)
+    assert sum(tracker.dropped.values()) == 5

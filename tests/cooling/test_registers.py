@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from polca.cooling.registers import (
+    MAX_LEAK_DETECTORS,
+    MAX_PUMPS,
     DecodeProblem,
+    ModbusCduConfig,
     RegisterPoint,
+    WordOrder,
     assemble,
     decode_point,
     load_map,
@@ -18,6 +25,7 @@ from polca.cooling.registers import (
 )
 from polca.errors import ConfigError
 from tests.cooling.conftest import word16, words32
+from tests.fuzzing import FUZZ
 
 EXAMPLE_MAP = Path(__file__).resolve().parents[2] / "deploy" / "cdu-modbus.example.yaml"
 
@@ -265,3 +273,233 @@ def test_example_map_is_valid() -> None:
     fields = {p.field for p in config.points}
     assert {"secondary.supply_temp_c", "pumps.0.state", "leak_detectors.0.state"} <= fields
     assert len(plan_reads(config.points, max_gap=config.max_gap_registers)) <= 4
+
+
+@pytest.mark.parametrize(
+    ("points", "extra", "match"),
+    [
+        (
+            [{"field": "pumps.99999999999.state", "address": 0, "enum": {1: "running"}}],
+            {},
+            "index 99999999999 is beyond the 16",
+        ),
+        (
+            [
+                {"field": f"pumps.{i}.state", "address": i, "enum": {1: "running"}}
+                for i in range(17)
+            ],
+            {},
+            "index 16 is beyond the 16",
+        ),
+        ([], {"leak_detectors": ["x"] * 65}, "at most 64"),
+        ([], {"cdu": "c" * 129}, "at most 128"),
+        (
+            [{"field": "pumps.0.state", "address": 0, "enum": {1: "running"}}],
+            {"pumps": ["p" * 129]},
+            "at most 128 characters",
+        ),
+        ([{"field": "secondary.flow_lpm", "address": 0, "scale": math.inf}], {}, "finite"),
+        ([{"field": "secondary.flow_lpm", "address": 0, "offset": math.nan}], {}, "finite"),
+        ([{"field": "pumps.\u0663.state", "address": 0, "enum": {1: "ok"}}], {}, "unknown field"),
+        ([{"field": "status." + "x" * 100, "address": 0}], {}, "at most 64"),
+        (
+            [{"field": "status", "address": 0, "enum": dict.fromkeys(range(300), "ok")}],
+            {},
+            "at most 256",
+        ),
+    ],
+)
+def test_maps_are_bounded_to_what_the_wire_schema_carries(
+    points: list[dict[str, Any]], extra: dict[str, Any], match: str
+) -> None:
+    """Names, counts, indices and scales a CDU message cannot carry are refused up front."""
+    with pytest.raises(ConfigError, match=match):
+        load_map(base_map(*points, **extra), where="test-map")
+
+
+def test_schema_bounds_are_the_wire_schema_s() -> None:
+    """MAX_PUMPS and MAX_LEAK_DETECTORS follow CduTelemetry's own list bounds."""
+    assert (MAX_PUMPS, MAX_LEAK_DETECTORS) == (16, 64)
+
+
+def test_hostile_map_file_is_a_config_error(tmp_path: Path) -> None:
+    """A map file with an alias bomb or deep nesting is refused by the bounded loader."""
+    path = tmp_path / "map.yaml"
+    path.write_text("points: " + "[" * 10_000 + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"map\.yaml:1:72: YAML nested deeper than 64"):
+        load_map(path)
+
+
+@pytest.mark.parametrize(
+    ("registers", "reason"),
+    [
+        ([], "expected 1 registers, got 0"),
+        ([1, 2], "expected 1 registers, got 2"),
+        ([-1], "negative"),
+        ([0x10000], "17 bits wide"),
+        ([10**5000], "bits wide"),
+        ([True], "type bool"),
+        (["1"], "type str"),
+    ],
+)
+def test_wrong_register_words_are_problems(registers: list[Any], reason: str) -> None:
+    """A wrong count or a word that is not 16 bits is a DecodeProblem, never an exception."""
+    decoded = decode_point(point(field="secondary.flow_lpm", address=0), registers)
+    assert isinstance(decoded, DecodeProblem)
+    assert reason in decoded.reason
+
+
+def test_infinite_float_and_overflowing_scale_are_problems() -> None:
+    """An infinite float32 and a huge scale that overflows are problems, not readings."""
+    temp = point(field="secondary.supply_temp_c", address=0, type="float32")
+    problem = decode_point(temp, words32(math.inf, "float32"))
+    assert isinstance(problem, DecodeProblem)
+    assert problem.reason == "infinite"
+    huge = point(field="secondary.heat_removed_kw", address=0, type="float32", scale=1e308)
+    overflow = decode_point(huge, words32(3.0e38, "float32"))
+    assert isinstance(overflow, DecodeProblem)
+    assert "overflows" in overflow.reason
+
+
+_FIELDS = (
+    "secondary.supply_temp_c",
+    "primary.return_temp_c",
+    "secondary.flow_lpm",
+    "secondary.delta_pressure_kpa",
+    "secondary.heat_removed_kw",
+    "valve_position_pct",
+    "pumps.0.speed_pct",
+    "pumps.0.state",
+    "leak_detectors.0.state",
+    "status",
+)
+_STATE_NAMES = {
+    "pumps": ("running", "standby", "failed", "off"),
+    "leak_detectors": ("ok", "warning", "critical"),
+    "status": ("ok", "warning", "critical"),
+}
+_BOUNDS = {
+    "temp": (-60.0, 300.0),
+    "flow": (0.0, 100_000.0),
+    "pressure": (-1000.0, 10_000.0),
+    "heat": (-100_000.0, 100_000.0),
+    "pct": (0.0, 100.0),
+}
+
+
+@st.composite
+def register_points(draw: st.DrawFn) -> RegisterPoint:
+    """Any valid point: every field kind, type, word order, scale, unit and bit."""
+    field = draw(st.sampled_from(_FIELDS))
+    raw: dict[str, Any] = {"field": field, "address": draw(st.integers(0, 65534))}
+    group = field.split(".")[0]
+    if field.endswith("state") or field == "status":
+        raw["type"] = draw(st.sampled_from(("uint16", "int16", "uint32", "int32")))
+        names = _STATE_NAMES[group]
+        raw["enum"] = draw(
+            st.dictionaries(st.integers(-70_000, 70_000), st.sampled_from(names), min_size=1)
+        )
+        if draw(st.booleans()):
+            raw["bit"] = draw(st.integers(0, 15))
+    else:
+        raw["type"] = draw(st.sampled_from(("uint16", "int16", "uint32", "int32", "float32")))
+        finite = st.floats(-1e12, 1e12, allow_nan=False, allow_infinity=False)
+        raw["scale"] = draw(finite)
+        raw["offset"] = draw(finite)
+        units = {
+            "temp": ("C", "F", "K"),
+            "flow": ("lpm", "gpm", "m3h", "lps"),
+            "pressure": ("kpa", "pa", "bar", "psi"),
+            "heat": ("kw", "w"),
+            "valve": ("pct",),
+            "pumps": ("pct",),
+        }
+        kind = next(k for k in units if k in field.replace("delta_", "").replace("removed", ""))
+        raw["unit"] = draw(st.none() | st.sampled_from(units[kind]))
+    raw["word_order"] = draw(st.none() | st.sampled_from(("big", "little")))
+    return RegisterPoint.model_validate(raw)
+
+
+def _bounds_of(field: str) -> tuple[float, float]:
+    for key, name in (
+        ("temp", "temp"),
+        ("flow", "flow"),
+        ("pressure", "pressure"),
+        ("heat", "heat"),
+        ("pct", "pct"),
+    ):
+        if key in field:
+            return _BOUNDS[name]
+    msg = f"no bounds for {field}"
+    raise AssertionError(msg)
+
+
+@FUZZ
+@given(
+    p=register_points(),
+    words=st.lists(st.integers(0, 0xFFFF), min_size=1, max_size=3),
+    order=st.sampled_from(("big", "little")),
+)
+def test_fuzz_any_16_bit_words_decode_to_a_reading_or_a_problem(
+    p: RegisterPoint, words: list[int], order: WordOrder
+) -> None:
+    """Any register words give a bounded finite number, a valid state or a DecodeProblem."""
+    decoded = decode_point(p, words, word_order=order)
+    if isinstance(decoded, DecodeProblem):
+        assert decoded.field == p.field
+        if len(words) == p.width:
+            assert "registers" not in decoded.reason
+        return
+    assert len(words) == p.width
+    if isinstance(decoded, str):
+        assert decoded in _STATE_NAMES[p.field.split(".")[0]]
+    else:
+        low, high = _bounds_of(p.field)
+        assert math.isfinite(decoded)
+        assert low <= decoded <= high
+
+
+@functools.cache
+def example_map() -> ModbusCduConfig:
+    """The register map of deploy/cdu-modbus.example.yaml, read once."""
+    from polca.cooling.config import CduSettings
+    from polca.settings import load_settings_as
+
+    settings = load_settings_as(CduSettings, EXAMPLE_MAP)
+    assert settings.modbus is not None
+    return settings.modbus
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_example_map_assembles_from_any_registers(data: st.DataObject) -> None:
+    """Every register block of the example map, filled with any words, assembles validly."""
+    config = example_map()
+    values: dict[str, float | str | DecodeProblem] = {}
+    for block in plan_reads(config.points, max_gap=config.max_gap_registers):
+        words = data.draw(
+            st.lists(st.integers(0, 0xFFFF), min_size=block.count, max_size=block.count)
+        )
+        for p in block.points:
+            start = p.address - block.address
+            values[p.field] = decode_point(
+                p, words[start : start + p.width], word_order=config.word_order
+            )
+    message = assemble(config, values, ts_ns=1)
+    assert message.cdu == config.cdu
+    assert len(message.pumps) == len(config.names("pumps"))
+
+
+def test_map_in_a_cdu_config_file_is_typed_yaml(tmp_path: Path) -> None:
+    """An address written as a string in the CDU settings file is refused, not converted."""
+    from polca.cooling.config import CduSettings
+    from polca.settings import load_settings_as
+
+    config = tmp_path / "cdu.yaml"
+    config.write_text(
+        "modbus: {cdu: c, loop: l, host: h, points: [{field: status, address: '3', "
+        "enum: {0: ok}}]}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match=r"modbus\.points\.0\.address: expected a number"):
+        load_settings_as(CduSettings, config)

@@ -77,7 +77,7 @@ _INT_KEYS = frozenset(
     }
 )
 GPU_KEYS = _STRING_KEYS | _LIST_KEYS | _INT_KEYS
-GLOBAL_KEYS = frozenset({"count", "privileged", "driver_version"})
+GLOBAL_KEYS = frozenset({"count", "privileged", "driver_version", "write_delay_ms"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@
  *
  * Keys (see tests/fake_nvml/__init__.py for the Python side):
  *   count N | driver_version S | privileged 0/1 | fail.<function> CODE
+ *   write_delay_ms N        every set call takes N ms before it applies (a slow driver)
  *   gpu.<i>.<field> VALUE   numeric fields below; "none" makes the read NOT_SUPPORTED
  *   gpu.<i>.name / uuid / pci_bus_id S
  *   gpu.<i>.supported_mem_clocks / supported_sm_clocks  N N N ...
@@ -217,6 +218,7 @@ static struct {
     int count;
     int n_slots; /* GPUs described in the file (may exceed count) */
     int privileged;
+    int write_delay_ms;
     char driver_version[80];
     int fail[FN_COUNT];
     gpu_t gpus[MAX_GPUS];
@@ -272,6 +274,7 @@ static void default_state(void) {
     state.count = 2;
     state.n_slots = 2;
     state.privileged = 1;
+    state.write_delay_ms = 0;
     snprintf(state.driver_version, sizeof(state.driver_version), "560.35.03");
     for (int i = 0; i < MAX_GPUS; i++) {
         default_gpu(&state.gpus[i], i);
@@ -368,6 +371,8 @@ static void apply_line(char *line) {
         }
     } else if (strcmp(key, "privileged") == 0) {
         state.privileged = atoi(value);
+    } else if (strcmp(key, "write_delay_ms") == 0) {
+        state.write_delay_ms = atoi(value);
     } else if (strcmp(key, "driver_version") == 0) {
         snprintf(state.driver_version, sizeof(state.driver_version), "%s", value);
     } else if (strncmp(key, "fail.", 5) == 0) {
@@ -507,8 +512,8 @@ static void write_state(const char *path) {
         return;
     }
     fprintf(f, "# fake libnvidia-ml.so.1 state (written back by the library)\n");
-    fprintf(f, "count %d\nprivileged %d\ndriver_version %s\n", state.count, state.privileged,
-            state.driver_version);
+    fprintf(f, "count %d\nprivileged %d\nwrite_delay_ms %d\ndriver_version %s\n", state.count,
+            state.privileged, state.write_delay_ms, state.driver_version);
     for (int fn = 0; fn < FN_COUNT; fn++) {
         if (state.fail[fn]) {
             fprintf(f, "fail.%s %d\n", function_names[fn], state.fail[fn]);
@@ -1094,7 +1099,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigne
     return leave(put_uint(limit, enforced_limit(g)));
 }
 
+/* A slow driver: the write takes effect only after the delay (outside the state lock). */
+static void write_delay(void) {
+    if (state.write_delay_ms > 0) {
+        struct timespec ts = {state.write_delay_ms / 1000, (state.write_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static nvmlReturn_t set_power_limit(gpu_t *g, unsigned int limit_mw) {
+    write_delay();
     int fd = lock_state_file();
     nvmlReturn_t rc = NVML_SUCCESS;
     if (!state.privileged) {
@@ -1141,6 +1155,7 @@ EXPORT nvmlReturn_t nvmlDeviceSetPowerManagementLimit_v2(nvmlDevice_t device,
 EXPORT nvmlReturn_t nvmlDeviceSetGpuLockedClocks(nvmlDevice_t device, unsigned int min_mhz,
                                                  unsigned int max_mhz) {
     DEVICE_CALL(nvmlDeviceSetGpuLockedClocks)
+    write_delay();
     int fd = lock_state_file();
     /* NVML_CLOCK_LIMIT_ID_{TDP,UNLIMITED}: the lowest / highest clock the GPU can run. */
     long long lo = min_mhz >= CLOCK_LIMIT_ID_RANGE_START ? 1 : (long long)min_mhz;
@@ -1166,6 +1181,7 @@ EXPORT nvmlReturn_t nvmlDeviceSetGpuLockedClocks(nvmlDevice_t device, unsigned i
 
 EXPORT nvmlReturn_t nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device) {
     DEVICE_CALL(nvmlDeviceResetGpuLockedClocks)
+    write_delay();
     int fd = lock_state_file();
     if (!state.privileged) {
         if (fd >= 0) {

@@ -263,6 +263,10 @@ class MqttProbe:
         """Publish arbitrary bytes."""
         await self.client.publish(topic, payload, qos=1, retain=retain)
 
+    async def clear_retained(self, topic: str) -> None:
+        """Remove the retained message of ``topic`` (an empty retained payload)."""
+        await self.client.publish(topic, b"", qos=1, retain=True)
+
     async def _pump(self) -> None:
         async for message in self.client.messages:
             payload = bytes(message.payload)

@@ -414,3 +414,48 @@ async def test_observe_mode_decides_but_agents_do_not_apply(
         for agent in cluster.agents.values():
             await agent.wait_log("control_observed")
         assert all(v == 0 for locks in cluster.all_locks().values() for v in locks)
+
+
+def _without_brake(text: str) -> str:
+    start = text.index("  - name: brake")
+    end = text.index("\n\n", start)
+    return text[:start] + text[end:]
+
+
+async def test_policy_edit_removing_the_top_level_while_at_it_and_a_restart(
+    cluster: Cluster, running: MqttProbe
+) -> None:
+    """At the brake, a reload without it clamps to T2; so does a restart seeded at the brake."""
+    probe = running
+    full = cluster.aggregator.policy_path.read_text(encoding="utf-8")
+    assert "name: brake" in full
+    probe.meter_pct = 99.0
+    await _until_level(probe, 3)
+    # (a) a live reload that removes the level in force
+    cluster.aggregator.policy_path.write_text(_without_brake(full), encoding="utf-8")
+    await cluster.aggregator.wait_log("policy_reloaded")
+    await _until_level(probe, 2)
+    await wait_until(
+        lambda: all(0 < cluster.locked_max(n, g) <= 1110 for n in cluster.nodes for g in LOW),
+        what="T2 low caps after the reload",
+    )
+    # (b) back to the brake, killed there; the retained control says 3; edited; restarted
+    cluster.aggregator.policy_path.write_text(full, encoding="utf-8")
+    await wait_until(
+        lambda: sum(e["event"] == "policy_reloaded" for e in cluster.aggregator.logs()) >= 2,
+        what="the full policy reloaded",
+    )
+    await _until_level(probe, 3)
+    cluster.aggregator.kill()
+    cluster.aggregator.policy_path.write_text(_without_brake(full), encoding="utf-8")
+    seen = len(probe.of("control"))
+    cluster.aggregator.start()
+    seeded = await cluster.aggregator.wait_log(
+        "control_seeded", where=lambda e: e.get("retained_level") == 3
+    )
+    assert seeded["seeded_level"] == 2
+    await wait_until(lambda: len(probe.of("control")) > seen + 5, what="control after restart")
+    assert _row_level(probe) == 2
+    assert cluster.aggregator.process is not None
+    assert cluster.aggregator.process.poll() is None
+    assert not [e for e in cluster.aggregator.logs() if e["event"] == "task_failed"]

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from polca.policy import policy_json_schema
+import pytest
+
+from polca.errors import PolicyError
+from polca.policy import parse_policy, policy_json_schema
 from polca.policy.check import run_check, run_schema
 from tests.policy.conftest import BASE_YAML
 
@@ -54,3 +58,42 @@ def test_schema_prints_json_schema() -> None:
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["additionalProperties"] is False
     assert "CapSpec" in schema["$defs"]
+
+
+# 322 bytes: seven anchors of nine aliases each, 9**7 "lol"s and twice that once expanded.
+ALIAS_BOMB = (
+    "# billion laughs ....................\n"
+    'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + "".join(
+        f"{n}: &{n} [{','.join(['*' + p] * 9)}]\n" for p, n in zip("abcdef", "bcdefg", strict=True)
+    )
+    + "h: [*g, *g]\n"
+)
+
+
+def test_hostile_yaml_is_a_problem_not_a_crash(write_policy: WritePolicy) -> None:
+    """A 4 kB nested file and a 322-byte alias bomb print FILE:LINE:COL, exit 1, quickly."""
+    nested = write_policy("name: " + "[" * 2000 + "]" * 2000 + "\n", "nested.yaml")
+    bomb = write_policy(ALIAS_BOMB, "bomb.yaml")
+    assert len(bomb.read_bytes()) == 322
+    assert len(nested.read_bytes()) == 4007
+    out, err = io.StringIO(), io.StringIO()
+    start = time.perf_counter()
+    assert run_check([nested, bomb], out=out, err=err) == 1
+    assert time.perf_counter() - start < 2.0  # was 4 s for the bomb alone
+    assert err.getvalue().splitlines() == [
+        f"{nested}:1:70: YAML nested deeper than 64 levels",
+        f"{bomb}:7:4: YAML expands (aliases counted as copies) to more than 2000000 nodes "
+        "and characters",
+    ]
+    assert out.getvalue() == ""
+
+
+def test_oversized_policy_file_is_refused_before_parsing(write_policy: WritePolicy) -> None:
+    """A policy file over the YAML size bound is one problem at 1:1, read only that far."""
+    path = write_policy("# " + "x" * (2 * 1024 * 1024) + "\n" + BASE_YAML)
+    out, err = io.StringIO(), io.StringIO()
+    assert run_check([path], out=out, err=err) == 1
+    assert err.getvalue() == f"{path}:1:1: YAML larger than 262144 bytes\n"
+    with pytest.raises(PolicyError, match="larger than 262144 bytes"):
+        parse_policy("# " + "x" * 300_000 + "\n" + BASE_YAML, source="mqtt:p")

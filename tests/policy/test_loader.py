@@ -13,6 +13,8 @@ from structlog.testing import capture_logs
 
 from polca.errors import PolicyError
 from polca.policy import PolicyStore, check_files, load_policy, parse_policy
+from polca.policy.loader import MAX_PROBLEMS
+from polca.yamlkit import YamlError
 from tests.policy.conftest import BASE_YAML
 
 WritePolicy = Callable[..., Path]
@@ -174,10 +176,11 @@ def test_parse_policy_uses_source_in_problems() -> None:
 
 
 def test_yaml_error_is_chained(write_policy: WritePolicy) -> None:
-    """PolicyError keeps the YAML or pydantic error as its cause."""
+    """PolicyError keeps the YAML or pydantic error as its cause (YAML's via YamlError)."""
     with pytest.raises(PolicyError) as info:
         load_policy(write_policy("a: [\n"))
-    assert isinstance(info.value.__cause__, yaml.YAMLError)
+    assert isinstance(info.value.__cause__, YamlError)
+    assert isinstance(info.value.__cause__.__cause__, yaml.YAMLError)
     with pytest.raises(PolicyError) as info:
         load_policy(write_policy(broken("threshold_pct: 89", "threshold_pct: 70")))
     assert isinstance(info.value.__cause__, ValidationError)
@@ -250,3 +253,30 @@ def test_store_replace_from_text(write_policy: WritePolicy) -> None:
     assert not refused.ok
     assert refused.errors[0].startswith("mqtt:p:")
     assert store.current.policy.name == "pushed"
+
+
+def test_text_with_a_lone_surrogate_is_a_problem() -> None:
+    """Text that is not valid Unicode (a JSON "\\ud800" escape) is a 1:1 problem, no crash."""
+    with pytest.raises(PolicyError) as info:
+        parse_policy(BASE_YAML + "# \ud800\n", source="mqtt:x")
+    assert info.value.problems[0].startswith("mqtt:x:1:1: ")
+    assert "not valid Unicode" in info.value.problems[0]
+
+
+def test_merge_keys_may_be_overridden() -> None:
+    """A key after a merge key overrides the merged one: not a duplicate."""
+    text = broken("low: {sm_clock_max_mhz: 1275}", "low: &c {sm_clock_max_mhz: 1275}")
+    head, tail = text.rsplit("low: {sm_clock_max_mhz: 1110}", 1)
+    text = head + "low: {<<: *c, sm_clock_max_mhz: 1110}" + tail
+    loaded = parse_policy(text, source="merge.yaml")
+    assert loaded.policy == parse_policy(BASE_YAML, source="base.yaml").policy
+
+
+def test_problems_are_capped(write_policy: WritePolicy) -> None:
+    """Thousands of problems are cut to MAX_PROBLEMS and a line saying how many more."""
+    extra = "".join(f"unknown_{i}: 1\n" for i in range(MAX_PROBLEMS + 50))
+    with pytest.raises(PolicyError) as info:
+        load_policy(write_policy(BASE_YAML + extra))
+    problems = info.value.problems
+    assert len(problems) == MAX_PROBLEMS + 1
+    assert problems[-1].endswith(": ... and 50 more problems")

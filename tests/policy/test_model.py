@@ -302,11 +302,12 @@ def test_fail_safe_is_required(policy_data: dict[str, Any]) -> None:
 
 
 def test_on_stop_values(policy_data: dict[str, Any]) -> None:
-    """on_stop is restore or keep."""
-    policy_data["on_stop"] = "keep"
-    assert Policy.model_validate(policy_data).on_stop == "keep"
+    """on_stop is restore, keep or fail_safe."""
+    for value in ("keep", "fail_safe", "restore"):
+        policy_data["on_stop"] = value
+        assert Policy.model_validate(policy_data).on_stop == value
     policy_data["on_stop"] = "reset"
-    assert has(problems_of(policy_data), "on_stop", "'restore' or 'keep'")
+    assert has(problems_of(policy_data), "on_stop", "'restore', 'keep' or 'fail_safe'")
 
 
 def test_format_loc() -> None:

@@ -177,3 +177,12 @@ def test_embedded_schema_needs_markers() -> None:
     """A document without the markers is an error, not an empty schema."""
     with pytest.raises(ValueError, match="BEGIN SCHEMA"):
         embedded_schema("# no schema here\n")
+
+
+def test_shipped_production_policies_stop_at_the_fail_safe() -> None:
+    """Every shipped production policy leaves fail-safe caps at a stop; the demo restores."""
+    for path in sorted((REPO / "policies").glob("*.yaml")):
+        policy = load_policy(path).policy
+        expected = "restore" if path.name == "simulated-demo.yaml" else "fail_safe"
+        assert policy.on_stop == expected, path.name
+        assert policy.fail_safe.caps, path.name  # a fail-safe that caps something

@@ -64,6 +64,29 @@ def test_malformed_trace_row_is_reported_with_its_line(tmp_path: Path) -> None:
     assert err.startswith(f"{bad}:3: expected 3 fields, got 2")
 
 
+@pytest.mark.parametrize(
+    ("row", "fragment"),
+    [
+        ("2023-11-16 18:17:04,100," + "9" * 3000, "GeneratedTokens must be a whole number"),
+        ("2023-11-16 18:17:04,100,10," + "x" * 5000, "line longer than 4096 bytes"),
+        ("2023-11-16 18:17:04,\u0661\u0660\u0660,10", "ContextTokens must be a whole number"),
+        ('"2023-11-16 18:17:04,100,10', "malformed CSV"),
+        ("2024-12-01 00:00:00,100,10", "more than 366 days"),
+    ],
+)
+def test_hostile_trace_rows_are_input_errors(tmp_path: Path, row: str, fragment: str) -> None:
+    """Huge numbers, long lines, non-ASCII digits, open quotes, absurd spans: exit 2, FILE:3:."""
+    bad = tmp_path / "trace.csv"
+    bad.write_text(
+        f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,100,10\n{row}\n",
+        encoding="utf-8",
+    )
+    code, _, err = run("simulate", "--policy", str(A100_POLICY), "--trace", str(bad), *TINY)
+    assert code == 2
+    assert err.startswith(f"{bad}:3: ")
+    assert fragment in err
+
+
 def test_impossible_row_is_an_input_error() -> None:
     """A budget below the idle row: exit 2, the message says why."""
     code, _, err = run("simulate", "--policy", str(A100_POLICY), "--budget-w", "3000", *TINY)

@@ -227,6 +227,11 @@ class Actuator:
             return GpuOutcome(index, info.uuid, "lost", have, None, tuple(changes), str(exc))
         except GpuError as exc:
             return GpuOutcome(index, info.uuid, "failed", have, None, tuple(changes), str(exc))
+        except Exception as exc:
+            # Not a GPU error polca knows (a binding bug?): the other GPUs still get their
+            # caps, which matters most on the way out, when the fail-safe is written.
+            error = f"unexpected {type(exc).__name__}: {exc}"
+            return GpuOutcome(index, info.uuid, "failed", have, None, tuple(changes), error)
         self.applied[index] = have
         if not changes:
             return GpuOutcome(index, info.uuid, "unchanged", have)

@@ -1,8 +1,11 @@
 """The node agent's supervisor: one TaskGroup owning every loop, ordered start and stop.
 
-Start-up order: open the GPU backend on its worker thread -> discover GPUs -> check write
-privilege (unless observe-only) -> restore a baseline left by a crash -> save the baseline
--> load the policy -> start MQTT and the loops -> tell systemd READY=1.
+Start-up order: note the run in the exit record (a crash loop is reported) -> open the GPU
+backend on its worker thread -> discover GPUs -> check write privilege (unless
+observe-only) -> load the policy -> if a baseline was left behind (a crash, or a stop that
+kept caps), keep it as the originals and apply the fail-safe caps before anything else ->
+save the baseline -> start MQTT and the loops -> tell systemd READY=1. The start-up grace
+(nominal until the first control message) applies only after a clean, restoring stop.
 
 Tasks (all under ``aiokit.guard``): ``mqtt`` (connect loop, outlives the rest so the final
 status goes out), ``sampler`` (10 Hz reads), ``controller`` (engine decision and actuation,
@@ -11,9 +14,14 @@ woken by each tick, each accepted control message and each policy change), ``pub
 ``policy_watcher`` (file changes and SIGHUP), ``watchdog`` (systemd, fed only while the
 controller makes progress).
 
-Shutdown order: stop the loops -> restore the original settings or keep the caps, as the
-policy says (shielded, bounded by ``agent.stop_timeout_s``) -> publish the final state and
-an ``offline`` status, flush (bounded) -> close the GPU backend.
+Shutdown order: stop the loops -> on a clean, operator-asked stop, what ``on_stop`` says
+(restore the originals, keep the caps, or apply the fail-safe caps); on any other end (a
+task failed, a fatal error) the fail-safe caps or the caps in force, whichever is tighter
+(shielded, bounded by ``agent.stop_timeout_s``) -> publish the final state and an
+``offline`` status, flush (bounded) -> close the GPU backend -> note how the run ended.
+
+Every received message is handled on its own inside a guard (``handle_message``): a bad
+one is counted by reason and dropped, and no message can end the listener.
 """
 
 from __future__ import annotations
@@ -29,11 +37,12 @@ from typing import Any
 import structlog
 
 from polca import __version__, aiokit
-from polca.agent.actuator import Actuator, ApplyResult
+from polca.agent.actuator import Actuator, ApplyResult, Setting
 from polca.agent.baseline import Baseline, BaselineStore
-from polca.agent.control import ControlTracker
+from polca.agent.control import REFUSED, ControlTracker
 from polca.agent.window import TelemetryWindow
-from polca.errors import FatalError, GpuError, GpuLostError, PolicyError
+from polca.errors import FatalError, GpuError, GpuLostError, PolicyError, SchemaError
+from polca.exits import ExitRecord, Streak
 from polca.gpu.backend import GpuBackend, GpuInfo, GpuSample
 from polca.gpu.threaded import ThreadedGpu
 from polca.policy import (
@@ -45,10 +54,13 @@ from polca.policy import (
     LoadedPolicy,
     PolicyStore,
     decide,
+    tighter,
 )
+from polca.policy.loader import revision_of
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.settings import Settings
 from polca.telemetry.bus import InMessage, MqttBus, OutMessage
+from polca.telemetry.checks import ClockWindow, DropLog
 from polca.telemetry.schema import (
     AgentHealth,
     Assignment,
@@ -56,7 +68,6 @@ from polca.telemetry.schema import (
     Event,
     GpuCaps,
     PolicyBundle,
-    SchemaError,
     State,
     Status,
     Telemetry,
@@ -74,7 +85,6 @@ class _Counters:
     ticks: int = 0
     tick_durations_s: list[float] = field(default_factory=list)
     control_rejected: int = 0
-    messages_rejected: int = 0
     seq: int = 0
 
     def next_seq(self) -> int:
@@ -99,18 +109,30 @@ class Agent:
         policy_store: PolicyStore,
         notifier: SystemdNotifier | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        mono_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.settings = settings
         self.backend = backend
         self.policy_store = policy_store
         self.notifier = notifier or SystemdNotifier()
-        self.clock_ns = clock_ns
+        self.clock_ns = clock_ns  # wall clock: stamps and display only
+        self.mono_ns = mono_ns  # leases, grace, every duration
         t = settings.topics
         self.addr = NodeAddress(t.site, t.row, t.rack, t.node)
         self.topics = Topics(t.root)
         self.log = structlog.get_logger().bind(node=t.node)
         self.gpu = ThreadedGpu(backend, call_timeout_s=settings.gpu.call_timeout_s)
-        self.tracker = ControlTracker(row=t.row, rack=t.rack)
+        self.clock_window = ClockWindow.of_seconds(settings.agent.clock_skew_tolerance_s)
+        self.tracker = ControlTracker(
+            row=t.row,
+            rack=t.rack,
+            window=self.clock_window,
+            issuers=frozenset(settings.agent.control_issuers),
+        )
+        self.drops = DropLog("message_rejected", logger=self.log)
+        self.exits = ExitRecord(settings.agent.state_dir, clock_ns=clock_ns, logger=self.log)
+        self.crash_loop: Streak | None = None
+        self.clock_skewed = False
         self.gate = WatchdogGate()
         self.reload_requested = asyncio.Event()
         self.remote_policy = False  # the aggregator's policy is in force
@@ -132,7 +154,8 @@ class Agent:
         self.actuator: Actuator | None = None
         self.wrote = False
         self.started_ns = clock_ns()
-        self.grace_until_ns = self.started_ns + int(settings.agent.startup_grace_s * 1e9)
+        self.started_mono_ns = mono_ns()
+        self.grace_until_mono_ns = self.started_mono_ns + int(settings.agent.startup_grace_s * 1e9)
         self._wake = asyncio.Event()
         self._last_key: tuple[object, ...] | None = None
         self.window: TelemetryWindow | None = None
@@ -151,12 +174,25 @@ class Agent:
 
     async def run(self) -> None:
         """Start, run until ``stop_requested`` is set, then shut down in order."""
-        await self.gpu.start()
-        try:
-            await self._startup()
-            await self._supervise()
-        finally:
-            await self._close_gpu()
+        self._note_start()
+        with self.exits.recording():
+            await self.gpu.start()
+            try:
+                await self._startup()
+                await self._supervise()
+            finally:
+                await self._close_gpu()
+
+    def _note_start(self) -> None:
+        """Record that a run begins; report a crash loop when the same failure repeats."""
+        self.crash_loop = self.exits.start_reporting(
+            crash_loop_after=self.settings.agent.crash_loop_after
+        )
+        if self.crash_loop is not None:
+            self.notifier.status(self.crash_loop.text)
+
+    def _crash_loop_text(self) -> str | None:
+        return None if self.crash_loop is None else self.crash_loop.text
 
     async def _startup(self) -> None:
         infos = await self.gpu.discover()
@@ -179,9 +215,19 @@ class Agent:
             self.backend, dict(self.infos), reassert=self.settings.agent.reassert
         )
         self.actuator.adopt(list(samples.values()))
+        self._load_policy()
         if not observe:
-            # Before anything else can fail: undo what a crashed run left behind.
-            await self._restore_after_crash()
+            # Before anything else: a run that did not restore leaves at least fail-safe caps.
+            await self._resume_after_unclean_end()
+            await self._save_baseline(samples)
+        if not self.settings.agent.control_issuers:
+            self.log.warning(
+                "control_issuer_unchecked",
+                hint="set agent.control_issuers to the aggregator instance(s) of this row",
+            )
+
+    def _load_policy(self) -> None:
+        """The aggregator's last good copy if there is one, else the policy file."""
         if self.settings.agent.accept_remote_policy and self.remote_policy_path.is_file():
             remote = self.policy_store.replace(
                 self.remote_policy_path.read_text(encoding="utf-8"),
@@ -206,30 +252,56 @@ class Agent:
             revision=self.policy.revision,
             path=str(self.policy.path),
         )
-        if not observe:
-            await self._save_baseline(samples)
 
-    async def _restore_after_crash(self) -> None:
-        """Restore and forget a baseline left by a run that died without restoring."""
-        assert self.actuator is not None  # noqa: S101 - set by _startup
+    async def _resume_after_unclean_end(self) -> None:
+        """Apply the fail-safe caps first when a previous run did not restore the GPUs.
+
+        A baseline left behind means the previous run crashed, was killed, or stopped on
+        purpose without restoring (``on_stop: keep`` or ``fail_safe``). Its values are still
+        the originals (the GPUs now hold polca's caps), so they stay the baseline; the GPUs
+        get the fail-safe caps before MQTT or any loop starts, and there is no start-up
+        grace: they stay at or under the fail-safe until a controller grants a lease.
+        """
         existing = self.baseline_store.load()
         if existing is None:
             return
-        if existing.kept:
-            # A clean stop kept the caps on purpose (on_stop: keep): reuse, don't restore.
-            self.log.info("baseline_reused", path=str(self.baseline_store.path))
-            self.baseline = Baseline(existing.gpus, existing.saved_ns, kept=False)
-            return
-        result = await self.gpu.run(partial(self.actuator.restore, existing, force_unlock=True))
-        failed = result.by_action("failed")
-        self.log.warning(
-            "baseline_restored_after_crash",
-            path=str(self.baseline_store.path),
-            restored=len(result.by_action("applied")),
-            failed=len(failed),
+        self.baseline = Baseline(existing.gpus, existing.saved_ns, kept=False)
+        self.grace_until_mono_ns = self.started_mono_ns  # no grace after an unclean end
+        # After an unclean end polca does not know which clock locks it left: relock all.
+        assert self.actuator is not None  # noqa: S101 - set by _startup
+        for index, setting in list(self.actuator.applied.items()):
+            self.actuator.applied[index] = Setting((0, 0), setting.power_limit_mw)
+        decision = self._fail_safe_decision()
+        result = await self.gpu.run(
+            partial(self.actuator.apply, decision.targets, baseline=self.baseline, samples={})
         )
-        # The GPUs hold their originals again; keep the file's values as the baseline.
-        self.baseline = existing
+        self.decision = decision
+        self.engine_state = decision.state
+        self.last_targets = decision.targets
+        self.wrote = True
+        self.log.warning(
+            "fail_safe_applied_at_start",
+            reason="kept caps" if existing.kept else "the previous run ended without restoring",
+            path=str(self.baseline_store.path),
+            applied=len(result.by_action("applied")),
+            failed=len(result.by_action("failed")),
+            lost=len(result.by_action("lost")),
+        )
+
+    def _fail_safe_decision(self) -> Decision:
+        """The fail-safe caps merged with the caps in force: per dimension the tighter."""
+        decision = decide(
+            self._views(),
+            policy=self.policy.policy,
+            control=None,
+            state=self.engine_state,
+            now_ns=self.mono_ns(),
+        )
+        current = {t.index: t for t in self.last_targets}
+        targets = tuple(
+            tighter(t, current[t.index]) if t.index in current else t for t in decision.targets
+        )
+        return Decision(targets=targets, state=decision.state, level=0, fail_safe=True)
 
     async def _save_baseline(self, samples: dict[int, GpuSample]) -> None:
         """Save the original settings before the first write."""
@@ -243,6 +315,7 @@ class Agent:
         async with asyncio.TaskGroup() as outer:
             # Not guarded: run() returns by design once close() has said goodbye.
             bus_task = outer.create_task(self.bus.run(), name="mqtt")
+            clean = False
             try:
                 await aiokit.run_until_stopped(
                     {
@@ -257,30 +330,31 @@ class Agent:
                     self.stop_requested,
                 )
                 self.log.info("agent_stopping")
+                clean = True
             finally:
-                await asyncio.shield(self._shutdown())
+                await asyncio.shield(self._shutdown(clean=clean))
                 bus_task.cancel()
 
-    async def _shutdown(self) -> None:
-        """Restore or keep caps, publish the final state and status; bounded."""
+    async def _shutdown(self, *, clean: bool) -> None:
+        """Leave the GPUs as the stop requires, publish the final state and status; bounded.
+
+        ``clean`` is an operator-asked stop: ``on_stop`` decides. Anything else (a task
+        failed, a fatal error) leaves the fail-safe caps or the caps in force, whichever is
+        tighter, and keeps the baseline so the next start applies the fail-safe first.
+        """
         self.notifier.stopping()
-        reason = "stopped"
+        reason = "stopped" if clean else "failed"
         if self.actuator is not None and not self.settings.agent.observe_only:
-            on_stop = (
-                self.policy_store.current.policy.on_stop if self.policy_store.current else "restore"
-            )
+            current = self.policy_store.current
+            on_stop = current.policy.on_stop if current else "restore"
+            if not clean:
+                on_stop = "fail_safe"
             try:
                 async with asyncio.timeout(self.settings.agent.stop_timeout_s):
                     if on_stop == "restore":
-                        result = await self.gpu.run(partial(self.actuator.restore, self.baseline))
-                        failed = result.by_action("failed")
-                        if not failed:
-                            self.baseline_store.remove()
-                        self.log.info(
-                            "gpu_settings_restored",
-                            restored=len(result.by_action("applied")),
-                            failed=len(failed),
-                        )
+                        await self._restore_on_stop()
+                    elif on_stop == "fail_safe" and current is not None:
+                        await self._fail_safe_on_stop(clean=clean)
                     elif self.baseline is not None:
                         kept = Baseline(self.baseline.gpus, self.baseline.saved_ns, kept=True)
                         self.baseline_store.save(kept)
@@ -299,6 +373,45 @@ class Agent:
                     await self.bus.close(final=final)
             except TimeoutError:
                 self.log.warning("final_status_not_sent")
+
+    async def _restore_on_stop(self) -> None:
+        assert self.actuator is not None  # noqa: S101 - checked by the caller
+        result = await self.gpu.run(partial(self.actuator.restore, self.baseline))
+        failed = result.by_action("failed")
+        if not failed:
+            self.baseline_store.remove()
+        self.log.info(
+            "gpu_settings_restored",
+            restored=len(result.by_action("applied")),
+            failed=len(failed),
+        )
+
+    async def _fail_safe_on_stop(self, *, clean: bool) -> None:
+        """Apply the fail-safe caps (or keep tighter ones) and keep the baseline."""
+        assert self.actuator is not None  # noqa: S101 - checked by the caller
+        if self.baseline is not None:
+            kept = Baseline(self.baseline.gpus, self.baseline.saved_ns, kept=clean)
+            self.baseline_store.save(kept)
+        decision = self._fail_safe_decision()
+        result = await self.gpu.run(
+            partial(self.actuator.apply, decision.targets, baseline=self.baseline, samples={})
+        )
+        (self.log.info if clean else self.log.error)(
+            "gpu_fail_safe_on_stop" if clean else "gpu_fail_safe_on_failure",
+            applied=len(result.by_action("applied")),
+            unchanged=len(result.by_action("unchanged")),
+            failed=len(result.by_action("failed")),
+            caps=[
+                {
+                    "gpu": t.index,
+                    "sm_clock_max_mhz": t.sm_clock_max_mhz,
+                    "power_limit_mw": t.power_limit_mw,
+                }
+                for t in decision.targets
+            ],
+        )
+        self.last_targets = decision.targets
+        self.decision = decision
 
     async def _close_gpu(self) -> None:
         try:
@@ -331,6 +444,8 @@ class Agent:
             will=will,
             subscriptions=subscriptions,
             birth=lambda: [self._status_message("online"), self._state_message()],
+            clock_ns=self.clock_ns,
+            mono_ns=self.mono_ns,
         )
 
     def _status(self, state: str, *, reason: str | None = None) -> Status:
@@ -346,8 +461,13 @@ class Agent:
             policy_name=current.policy.name if current else None,
             policy_revision=current.revision if current else None,
             started_ns=self.started_ns,
-            reason=reason,
+            reason=reason if reason is not None or state == "offline" else self._crash_loop_text(),
+            clock_skew_s=self._skew_s() if self.clock_skewed else None,
         )
+
+    def _skew_s(self) -> float | None:
+        skew_ns = self.tracker.skew_ns
+        return None if skew_ns is None else round(skew_ns / 1e9, 3)
 
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
         return OutMessage(
@@ -359,7 +479,8 @@ class Agent:
 
     def _state_message(self) -> OutMessage:
         decision = self.decision
-        lease = self.tracker.current(self.clock_ns())
+        now_mono = self.mono_ns()
+        lease = self.tracker.current(now_mono)
         gpus = []
         for target in self.last_targets:
             limit = target.power_limit_mw
@@ -383,7 +504,10 @@ class Agent:
             level=decision.level if decision else 0,
             fail_safe=decision.fail_safe if decision else False,
             observe_only=self.settings.agent.observe_only,
-            lease_expires_ns=lease.expires_ns if lease else None,
+            # Display only: the lease's end on this node's wall clock.
+            lease_expires_ns=max(0, self.clock_ns() + lease.expires_mono_ns - now_mono)
+            if lease
+            else None,
             control_seq=lease.control.seq if lease else None,
             policy_revision=self.policy_store.current.revision
             if self.policy_store.current
@@ -394,15 +518,19 @@ class Agent:
 
     def _event(self, name: str, *, gpu: int | None = None, **detail: Any) -> None:
         uuid = self.infos[gpu].uuid if gpu is not None and gpu in self.infos else None
-        event = Event(
-            ts_ns=self.clock_ns(),
-            seq=self.counters.next_seq(),
-            node=self.addr.node,
-            event=name,
-            gpu=gpu,
-            uuid=uuid,
-            detail=detail,
-        )
+        try:
+            event = Event(
+                ts_ns=self.clock_ns(),
+                seq=self.counters.next_seq(),
+                node=self.addr.node,
+                event=name,
+                gpu=gpu,
+                uuid=uuid,
+                detail=detail,
+            )
+        except ValueError as exc:  # pydantic's ValidationError: a detail out of bounds
+            self.log.warning("event_not_published", event_name=name, error=str(exc)[:400])
+            return
         if self.bus is not None:
             self.bus.publish_nowait(
                 OutMessage(self.topics.node(self.addr, "events"), encode(event), qos=1)
@@ -413,7 +541,10 @@ class Agent:
         level = decision.level if decision else 0
         mode = "fail-safe" if decision and decision.fail_safe else f"level {level}"
         lost = f", {len(self.lost)} lost" if self.lost else ""
-        return f"{len(self.infos)} GPUs{lost}, {mode}, policy {self.policy.revision}"
+        skew = f", clock off by {self._skew_s():+.1f} s" if self.clock_skewed else ""
+        loop = f"; {text}" if (text := self._crash_loop_text()) else ""
+        revision = self.policy_store.current.revision if self.policy_store.current else "none"
+        return f"{len(self.infos)} GPUs{lost}, {mode}, policy {revision}{skew}{loop}"
 
     # ------------------------------------------------------------------ loops
 
@@ -480,14 +611,15 @@ class Agent:
             await self.control_step()
             self.gate.beat()
 
-    def _control_input(self, now_ns: int) -> ControlInput | None:
-        lease = self.tracker.current(now_ns)
+    def _control_input(self, now_mono_ns: int) -> ControlInput | None:
+        """The control in force, with its lease on the monotonic clock (as ``now_mono_ns``)."""
+        lease = self.tracker.current(now_mono_ns)
         if lease is not None:
             source = f"{lease.control.scope}:{lease.control.issuer}#{lease.control.seq}"
-            return ControlInput(lease.control.level, lease.expires_ns, source=source)
-        if now_ns < self.grace_until_ns:
+            return ControlInput(lease.control.level, lease.expires_mono_ns, source=source)
+        if now_mono_ns < self.grace_until_mono_ns:
             # No controller heard from yet: nominal during the start-up grace period.
-            return ControlInput(0, self.grace_until_ns, source="startup_grace")
+            return ControlInput(0, self.grace_until_mono_ns, source="startup_grace")
         return None
 
     def _views(self) -> list[GpuView]:
@@ -530,7 +662,7 @@ class Agent:
 
     async def control_step(self) -> ApplyResult | None:
         """Decide the caps for now and apply what changed; returns the apply outcome."""
-        now_ns = self.clock_ns()
+        now_ns = self.mono_ns()  # the engine compares it with leases on the same clock
         previous = self.decision
         control = self._control_input(now_ns)
         key = self._decision_key(control, now_ns)
@@ -636,7 +768,10 @@ class Agent:
         while True:
             await asyncio.sleep(max(0.0, next_t - loop.time()))
             next_t = max(next_t + interval, loop.time())
-            self.publish_telemetry()
+            try:
+                self.publish_telemetry()
+            except ValueError as exc:  # pydantic's ValidationError: readings out of bounds
+                self.drops.drop("telemetry_invalid", topic="telemetry", detail=str(exc))
 
     def publish_telemetry(self) -> Telemetry:
         """Build and queue one telemetry message from the samples since the last one."""
@@ -670,8 +805,9 @@ class Agent:
                 else None,
                 outbox_dropped=bus_stats.outbox_dropped if bus_stats else 0,
                 inbox_dropped=bus_stats.inbox_dropped if bus_stats else 0,
-                control_rejected=self.tracker.rejected + self.counters.messages_rejected,
+                control_rejected=self.drops.total,
                 reconnects=max(0, bus_stats.connects - 1) if bus_stats else 0,
+                clock_skew_s=self._skew_s(),
             ),
         )
         if self.bus is not None:
@@ -687,64 +823,101 @@ class Agent:
             self.handle_message(message)
 
     def handle_message(self, message: InMessage) -> None:
-        """Act on one received control or assignment message; count and drop bad ones."""
-        t = self.settings.topics
+        """Act on one received message; count and drop a bad one. Never raises.
+
+        Each message is handled on its own: one that fails validation is counted by reason
+        (``SchemaError.reason``) and dropped, and one that trips an unexpected error is
+        counted as ``internal`` and logged with its traceback, so no payload, retained or
+        not, can end the listener or the agent.
+        """
         try:
-            if message.topic in (
-                self.topics.row_control(t.site, t.row),
-                self.topics.rack_control(t.site, t.row, t.rack),
-            ):
-                control = decode(message.payload, Control)
-                assert isinstance(control, Control)  # noqa: S101 - decode checked the kind
-                self._on_control(control, message.received_ns)
-            elif message.topic == self.topics.policy(t.site, t.row):
-                if not message.payload:
-                    return  # retained policy cleared: keep what is in force
-                bundle = decode(message.payload, PolicyBundle)
-                assert isinstance(bundle, PolicyBundle)  # noqa: S101 - decode checked the kind
-                self._on_policy_bundle(bundle, message.topic)
-            elif message.topic == self.topics.node(self.addr, "assign"):
-                if not message.payload:
-                    self.runtime_classes = {}  # retained assignment cleared
-                    self._wake.set()
-                    return
-                assignment = decode(message.payload, Assignment)
-                assert isinstance(assignment, Assignment)  # noqa: S101
-                self._on_assignment(assignment)
-            else:
-                self._reject(message.topic, "unexpected topic")
+            self._dispatch(message)
         except SchemaError as exc:
-            self._reject(message.topic, str(exc))
+            self.drops.drop(exc.reason, topic=message.topic, detail=str(exc))
+        except Exception as exc:
+            self.drops.drop("internal", exc=exc, topic=message.topic, detail=repr(exc))
 
-    def _reject(self, topic: str, error: str) -> None:
-        self.counters.messages_rejected += 1
-        self.log.warning(
-            "message_rejected", topic=topic, error=error, rejected=self.counters.messages_rejected
-        )
-
-    def _on_control(self, control: Control, received_ns: int) -> None:
-        before = self.tracker.current(received_ns)
-        verdict = self.tracker.offer(control, received_ns=received_ns)
-        if verdict in ("accepted", "observed"):
-            # Lease renewals at an unchanged level are routine: debug only.
-            routine = before is not None and before.control.level == control.level
-            (self.log.debug if routine else self.log.info)(
-                "control_accepted" if verdict == "accepted" else "control_observed",
-                scope=control.scope,
-                control_level=control.level,
-                seq=control.seq,
-                issuer=control.issuer,
-                lease_expires_ns=control.lease_expires_ns,
-            )
-            self._wake.set()
+    def _dispatch(self, message: InMessage) -> None:
+        t = self.settings.topics
+        if message.topic in (
+            self.topics.row_control(t.site, t.row),
+            self.topics.rack_control(t.site, t.row, t.rack),
+        ):
+            if message.payload:  # an empty retained payload clears it: nothing to follow
+                self._on_control(decode(message.payload, Control), message)
+        elif message.topic == self.topics.policy(t.site, t.row):
+            if message.payload:  # retained policy cleared: keep what is in force
+                self._on_policy_bundle(decode(message.payload, PolicyBundle), message.topic)
+        elif message.topic == self.topics.node(self.addr, "assign"):
+            if not message.payload:
+                self.runtime_classes = {}  # retained assignment cleared
+                self._wake.set()
+                return
+            self._on_assignment(decode(message.payload, Assignment), message.topic)
         else:
-            self.log.warning(
+            self.drops.drop("topic", topic=message.topic, detail="not a topic the agent reads")
+
+    def _on_control(self, control: Control, message: InMessage) -> None:
+        now_mono = message.received_mono_ns or self.mono_ns()
+        before = self.tracker.current(now_mono)
+        verdict = self.tracker.offer(
+            control,
+            received_mono_ns=now_mono,
+            received_wall_ns=message.received_ns,
+            retained=message.retain,
+            max_lease_ns=int(self.policy.policy.fail_safe.max_lease_s * 1e9),
+        )
+        if verdict in REFUSED:
+            self.drops.drop(
+                f"control_{verdict}",
+                topic=message.topic,
+                detail=f"control from {control.issuer} seq {control.seq} level {control.level}",
+            )
+            self.log.debug(
                 "control_ignored",
                 verdict=verdict,
                 scope=control.scope,
                 seq=control.seq,
                 issuer=control.issuer,
+                retained=message.retain,
             )
+            return
+        # Lease renewals at an unchanged level are routine: debug only.
+        routine = before is not None and before.control.level == control.level
+        (self.log.debug if routine else self.log.info)(
+            "control_accepted" if verdict == "accepted" else "control_observed",
+            scope=control.scope,
+            control_level=control.level,
+            seq=control.seq,
+            issuer=control.issuer,
+            retained=message.retain,
+        )
+        self._check_clock_skew()
+        self._wake.set()
+
+    def _check_clock_skew(self) -> None:
+        """Say so when this node's clock and its controller's disagree beyond the tolerance."""
+        skew_ns = self.tracker.skew_ns
+        skewed = skew_ns is not None and self.clock_window.skewed(skew_ns, 0)
+        if skewed == self.clock_skewed:
+            return
+        self.clock_skewed = skewed
+        skew_s = None if skew_ns is None else round(skew_ns / 1e9, 3)
+        if skewed:
+            self.log.warning(
+                "clock_skew_detected",
+                skew_s=skew_s,
+                tolerance_s=self.settings.agent.clock_skew_tolerance_s,
+                hint="this node's clock and its controller's disagree; check NTP on both. "
+                "Control is still followed: leases run on the monotonic clock.",
+            )
+            self._event("clock_skew_detected", skew_s=skew_s)
+        else:
+            self.log.info("clock_skew_cleared", skew_s=skew_s)
+            self._event("clock_skew_cleared", skew_s=skew_s)
+        if self.bus is not None:
+            self.bus.publish_nowait(self._status_message("online"))
+        self.notifier.status(self._status_line())
 
     @property
     def remote_policy_path(self) -> Path:
@@ -753,6 +926,9 @@ class Agent:
 
     def _on_policy_bundle(self, bundle: PolicyBundle, topic: str) -> None:
         """Validate and apply the aggregator's policy; keep it as the local last good copy."""
+        if revision_of(bundle.text.encode("utf-8")) != bundle.revision:
+            msg = f"policy bundle revision {bundle.revision} is not the digest of its text"
+            raise SchemaError(msg)
         current = self.policy_store.current
         if current is not None and current.revision == bundle.revision and self.remote_policy:
             return
@@ -796,12 +972,15 @@ class Agent:
                 self.bus.publish_nowait(self._status_message("online"))
             self._wake.set()
 
-    def _on_assignment(self, assignment: Assignment) -> None:
+    def _on_assignment(self, assignment: Assignment, topic: str) -> None:
         declared = set(self.policy.policy.classes)
         unknown = sorted(set(assignment.classes.values()) - declared)
         if unknown:
-            self._reject(
-                "assign", f"unknown priority classes {unknown}; policy declares {sorted(declared)}"
+            self.drops.drop(
+                "unknown_class",
+                topic=topic,
+                detail=f"unknown priority classes {unknown[:8]}; policy declares "
+                f"{sorted(declared)}",
             )
             return
         self.runtime_classes = dict(assignment.classes)

@@ -4,14 +4,26 @@ Power is published as min/mean/max over the interval plus the last reading, ener
 counter and its delta, clock event reasons OR-ed over the interval (a brief power-brake
 event between two messages still shows). Units convert here, at the edge: mW -> W,
 mJ -> J.
+
+NVML's answers are hostile input too: a reading outside what the wire schema allows (a
+power of 20 MW, a temperature of 500 C) is published as null, counted in
+``invalid_readings`` and logged once per GPU and field, instead of failing the message.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
 
 from polca.gpu.backend import GpuInfo, GpuSample, clock_event_names
 from polca.telemetry.schema import GpuTelemetry
+
+_log = structlog.get_logger()
+# Fields that identify the GPU: never nulled (they come from discovery, not readings).
+_IDENTITY = frozenset({"index", "uuid", "name", "priority_class", "state"})
 
 
 @dataclass(slots=True)
@@ -55,8 +67,33 @@ class TelemetryWindow:
     """Accumulates samples between two telemetry messages."""
 
     infos: dict[int, GpuInfo]
+    invalid_readings: int = 0
     _windows: dict[int, _GpuWindow] = field(default_factory=dict)
     _prev_energy_mj: dict[int, int] = field(default_factory=dict)
+    _logged: set[tuple[int, str]] = field(default_factory=set)  # bounded: GPUs x fields
+
+    def _record(self, **fields: Any) -> GpuTelemetry:
+        """A telemetry record; readings the schema refuses become null (counted, logged)."""
+        for _ in range(len(fields)):
+            try:
+                return GpuTelemetry(**fields)
+            except ValidationError as exc:
+                bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]} - _IDENTITY
+                if not bad:
+                    raise
+                for name in sorted(bad):
+                    self.invalid_readings += 1
+                    key = (int(fields["index"]), name)
+                    if key not in self._logged:
+                        self._logged.add(key)
+                        _log.warning(
+                            "gpu_reading_invalid",
+                            gpu=fields["index"],
+                            field=name,
+                            value=repr(fields.get(name))[:64],
+                        )
+                    fields[name] = () if name == "clock_events" else None
+        return GpuTelemetry(**fields)
 
     def add(self, sample: GpuSample) -> None:
         """Add one sample."""
@@ -74,7 +111,7 @@ class TelemetryWindow:
             state = "lost" if index in lost else "ok"
             if win is None or win.last is None:
                 records.append(
-                    GpuTelemetry(
+                    self._record(
                         index=index,
                         uuid=info.uuid,
                         name=info.name,
@@ -91,37 +128,36 @@ class TelemetryWindow:
                 if prev is not None and s.energy_mj >= prev:
                     delta_j = (s.energy_mj - prev) / 1000.0
                 self._prev_energy_mj[index] = s.energy_mj
-            if mean_mw is not None:
-                total_w += mean_mw / 1000.0
-            if delta_j is not None:
-                total_j += delta_j
-            records.append(
-                GpuTelemetry(
-                    index=index,
-                    uuid=info.uuid,
-                    name=info.name,
-                    priority_class=classes.get(index),
-                    state=state,
-                    samples=win.count,
-                    power_w=_w(s.power_mw),
-                    power_min_w=_w(win.power_min_mw),
-                    power_mean_w=_w(mean_mw),
-                    power_max_w=_w(win.power_max_mw),
-                    power_avg_w=_w(s.power_avg_mw),
-                    energy_j=None if s.energy_mj is None else s.energy_mj / 1000.0,
-                    energy_delta_j=delta_j,
-                    gpu_temp_c=s.gpu_temp_c,
-                    gpu_temp_max_c=win.temp_max_c,
-                    mem_temp_c=s.mem_temp_c,
-                    sm_clock_mhz=s.sm_clock_mhz,
-                    mem_clock_mhz=s.mem_clock_mhz,
-                    gpu_util_pct=s.gpu_util_pct,
-                    mem_util_pct=s.mem_util_pct,
-                    power_limit_w=_w(s.power_limit_mw),
-                    enforced_power_limit_w=_w(s.enforced_power_limit_mw),
-                    clock_event_reasons=win.reasons,
-                    clock_events=clock_event_names(win.reasons or 0),
-                    locked_sm_clock_max_mhz=locks.get(index),
-                )
+            record = self._record(
+                index=index,
+                uuid=info.uuid,
+                name=info.name,
+                priority_class=classes.get(index),
+                state=state,
+                samples=win.count,
+                power_w=_w(s.power_mw),
+                power_min_w=_w(win.power_min_mw),
+                power_mean_w=_w(mean_mw),
+                power_max_w=_w(win.power_max_mw),
+                power_avg_w=_w(s.power_avg_mw),
+                energy_j=None if s.energy_mj is None else s.energy_mj / 1000.0,
+                energy_delta_j=delta_j,
+                gpu_temp_c=s.gpu_temp_c,
+                gpu_temp_max_c=win.temp_max_c,
+                mem_temp_c=s.mem_temp_c,
+                sm_clock_mhz=s.sm_clock_mhz,
+                mem_clock_mhz=s.mem_clock_mhz,
+                gpu_util_pct=s.gpu_util_pct,
+                mem_util_pct=s.mem_util_pct,
+                power_limit_w=_w(s.power_limit_mw),
+                enforced_power_limit_w=_w(s.enforced_power_limit_mw),
+                clock_event_reasons=win.reasons,
+                clock_events=clock_event_names(win.reasons or 0),
+                locked_sm_clock_max_mhz=locks.get(index),
             )
+            records.append(record)
+            if record.power_mean_w is not None:
+                total_w += record.power_mean_w
+            if record.energy_delta_j is not None:
+                total_j += record.energy_delta_j
         return records, round(total_w, 3), round(total_j, 3)

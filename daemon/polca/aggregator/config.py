@@ -20,6 +20,8 @@ from polca.aggregator.cooling_config import CoolingSettings
 from polca.settings import InfluxSettings, ProcessSettings
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
+RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator"})
+"""Levels under a site that polca's own topics use (see ``polca.telemetry.topics``)."""
 
 
 class _Model(BaseModel):
@@ -95,6 +97,28 @@ class ControlSettings(_Model):
     publish_policy: bool = Field(
         True, description="Publish the node policy (retained) for agents to apply."
     )
+    clock_skew_tolerance_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="How far a node's, meter's or CDU's wall-clock stamps may differ from "
+        "this clock: beyond it, the stamp is not trusted (counted as clock_skew; points are "
+        "stamped on receipt) and a retained reading of unknown age is dropped.",
+    )
+    meter_min_fraction: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="A meter reading below this fraction of the GPU power the row's fresh "
+        "nodes report is implausible (a meter cannot read less than what it feeds): the "
+        "computed row power is used instead, and the reading is counted.",
+    )
+    crash_loop_after: int = Field(
+        3,
+        ge=2,
+        description="Report a crash loop (log, systemd STATUS=, MQTT status) when the "
+        "aggregator ended this many times in a row with the same failure.",
+    )
 
 
 class AggregatorSettings(ProcessSettings):
@@ -127,6 +151,14 @@ class AggregatorSettings(ProcessSettings):
     @model_validator(mode="after")
     def _unique_names(self) -> Self:
         rows = [row.name for row in self.rows]
+        reserved = sorted(set(rows) & RESERVED_ROW_NAMES)
+        if reserved:
+            msg = (
+                f"row names {reserved} are reserved: topics {{root}}/{{site}}/cooling/... and "
+                "{root}/{site}/aggregator/... would collide with the row's (and the broker "
+                "ACLs could not tell them apart); rename the row"
+            )
+            raise ValueError(msg)
         if len(rows) != len(set(rows)):
             msg = f"row names must be unique, got {rows}"
             raise ValueError(msg)

@@ -10,10 +10,17 @@ to it. Pure: no I/O; time comes in as arguments.
 Restart without a spurious uncap: ``seed()`` takes the retained control message a previous
 aggregator left on the broker, so the ladder starts at the level in force and can only
 release after a full dwell, as if nothing had happened.
+
+Retained state is validated before it is trusted, and policies change under a running
+ladder: every level that comes from outside the current policy (a seed, the level in force
+when a reload removed levels, a forced floor) is clamped into ``[0, top level]`` before it
+is used, and nothing indexes ``policy.levels`` with an unclamped number. A budget that is
+not a positive finite number (a thermal budget derated to nothing) counts as exceeded.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,9 +43,17 @@ class ScopeDecision:
     audit: dict[str, Any]
 
 
+_REASON_CHARS = 512
+"""The wire limit of ``Control.reason``."""
+_MAX_SEEDED_SEQ = 2**62
+"""Room left for this run's messages above a retained sequence number."""
+_MIN_BUDGET_W = 1e-3
+"""Stands in for a budget of zero or less: any power is over it."""
+
+
 def level_name(policy: Policy, level: int) -> str:
-    """``nominal`` for 0, else the policy's name of that level."""
-    return "nominal" if level == 0 else policy.levels[min(level, len(policy.levels)) - 1].name
+    """``nominal`` for 0 (or less), else the policy's name of that level (clamped)."""
+    return policy.level_name(level)
 
 
 @dataclass(slots=True)
@@ -60,14 +75,20 @@ class ScopeController:
         """row or rack."""
         return "row" if self.rack is None else "rack"
 
-    def seed(self, retained: Control) -> None:
-        """Start from the level a previous controller left in force (retained message)."""
+    def seed(self, retained: Control, *, top_level: int) -> None:
+        """Start from the level a previous controller left in force (retained message).
+
+        The level is clamped into the policy's range; the sequence continues from the
+        retained one, bounded so a retained ``seq`` near the integer limit cannot make the
+        next message unrepresentable.
+        """
         if retained.row != self.row or (retained.rack or None) != self.rack:
             return
-        self.ladder = LadderState(level=retained.level, below_since_s=None)
-        self.published_level = retained.level
-        self.seq = max(self.seq, retained.seq)
-        self.seeded_from = retained.level
+        level = max(0, min(retained.level, top_level))
+        self.ladder = LadderState(level=level, below_since_s=None)
+        self.published_level = level
+        self.seq = max(self.seq, min(retained.seq, _MAX_SEEDED_SEQ))
+        self.seeded_from = level
 
     def step(
         self,
@@ -91,7 +112,13 @@ class ScopeController:
         published level is the higher of the two, and the ladder itself is not touched, so
         when the floor drops the ordinary release rules (dwell, one step) apply.
         """
-        previous = self.published_level
+        top = len(policy.levels)
+        # A reload may have removed levels since the last step: clamp what came before.
+        previous = max(0, min(self.published_level, top))
+        if self.ladder.level > top:
+            self.ladder = LadderState(level=top, below_since_s=self.ladder.below_since_s)
+        if not (math.isfinite(budget_w) and budget_w > 0):
+            budget_w = _MIN_BUDGET_W
         self.ladder = next_level(
             power_w=power_w,
             budget_w=budget_w,
@@ -100,8 +127,7 @@ class ScopeController:
             now_s=now_s,
             trend_w_per_s=trend_w_per_s,
         )
-        top = len(policy.levels)
-        level = max(self.ladder.level, min(floor_level, top))
+        level = max(self.ladder.level, 0, min(floor_level, top))
         self.published_level = level
         self.seq += 1
         pct = 100.0 * power_w / budget_w
@@ -111,6 +137,7 @@ class ScopeController:
             reason = f"forced {name}: {floor_reason or 'external limit'}"
         else:
             reason = _reason(policy, previous, level, pct, power_w, budget_w, trend_w_per_s)
+        reason = reason[:_REASON_CHARS]
         control = Control(
             ts_ns=now_ns,
             scope=self.scope,

@@ -952,18 +952,19 @@ class CoolingSupervisor:
         }
         self._loop_of_cdu = {spec.cdu: spec.name for spec in settings.loops}
         self._pending: dict[str, tuple[CduTelemetry, float]] = {}
-        self._last_ts_ns: dict[str, int] = {}
         self.last: CoolingStep | None = None
 
     def observe(self, cdu: CduTelemetry, now_s: float) -> bool:
-        """Keep a CDU message for the next step; False for an unknown CDU or an older message.
+        """Keep a CDU message for the next step; False for an unknown CDU.
 
-        Messages are routed by ``cdu`` (the message's ``loop`` is informational).
+        Messages are routed by ``cdu`` (the message's ``loop`` is informational) and
+        ordered by receipt (``now_s``, monotonic), never by the CDU's own ``ts_ns``: a
+        reading stamped a year ahead, or a CDU whose clock steps back, must not make later
+        readings look old and be ignored.
         """
         loop = self._loop_of_cdu.get(cdu.cdu)
-        if loop is None or cdu.ts_ns < self._last_ts_ns.get(loop, -1):
+        if loop is None:
             return False
-        self._last_ts_ns[loop] = cdu.ts_ns
         self._pending[loop] = (cdu, now_s)
         return True
 

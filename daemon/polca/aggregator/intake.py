@@ -1,11 +1,19 @@
 """MQTT intake of the aggregator: route each message to its row, count and drop the bad.
 
 Every received message is either applied to exactly one row's state or dropped with a
-reason: ``oversized``, ``malformed`` (not JSON or the wrong shape), ``schema_version``,
-``topology`` (a node, rack or row this aggregator does not own, or a payload whose node
-differs from its topic), or ``foreign_control`` (another issuer controls one of our rows).
-Drops are counted per reason and logged once per source topic and reason, so a broken or
-hostile publisher cannot flood the log or poison the rollups. No I/O here.
+reason, counted and logged at a bounded rate (``polca.telemetry.checks.DropLog``: one
+counter per reason, so a hostile publisher inventing topics grows no memory and cannot
+flood the log). The reasons: ``oversized``, ``malformed`` (not JSON, the wrong shape or
+types), ``schema_version``, ``topology`` (a node, rack or row this aggregator does not
+own), ``identity`` (a payload naming another node, row, rack or CDU than its topic),
+``stale`` (a reading delivered retained, so of unknown age), ``foreign_control`` (another
+issuer controls one of our rows), and ``internal`` (an unexpected error while handling
+one message: logged with its traceback; the intake carries on).
+
+Wall-clock stamps from other machines are never used for staleness (receipt time on the
+monotonic clock is) and are trusted for the database only within the skew tolerance:
+a message stamped further off is kept, counted under ``clock_skew`` (``skewed``) and
+re-stamped with its time of receipt. No I/O here.
 """
 
 from __future__ import annotations
@@ -13,18 +21,20 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import structlog
 
 from polca.aggregator.rollup import RowTracker
+from polca.errors import SchemaError, StaleMessageError
 from polca.telemetry.bus import InMessage
+from polca.telemetry.checks import ClockWindow, DropLog, check_identity
 from polca.telemetry.schema import (
     MAX_PAYLOAD_BYTES,
     CduTelemetry,
     Control,
     Event,
     Meter,
-    SchemaError,
     State,
     Status,
     Telemetry,
@@ -33,11 +43,13 @@ from polca.telemetry.schema import (
 from polca.telemetry.topics import Topics
 
 _log = structlog.get_logger()
+_DEFAULT_WINDOW = ClockWindow.of_seconds(5.0)
+_Stamped = TypeVar("_Stamped", Telemetry, Event)
 
 
 @dataclass(slots=True)
 class Intake:
-    """Decodes and routes messages for the rows one aggregator owns."""
+    """Decodes, checks and routes messages for the rows one aggregator owns."""
 
     site: str
     topics: Topics
@@ -48,18 +60,29 @@ class Intake:
     on_retained_control: Callable[[Control], None] | None = None
     on_cdu: Callable[[CduTelemetry, float], None] | None = None
     cdus: tuple[str, ...] = ()
+    window: ClockWindow = _DEFAULT_WINDOW
     messages_in: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    _logged: set[tuple[str, str]] = field(default_factory=set)
+    drops: DropLog = field(default_factory=lambda: DropLog(logger=_log))
+    skewed: DropLog = field(default_factory=lambda: DropLog("clock_skew_noted", logger=_log))
     _meters: dict[str, str] = field(default_factory=dict)  # topic -> row
     _cdu_topics: dict[str, str] = field(default_factory=dict)  # topic -> CDU id
+    _controls: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # topic -> scope
 
     def __post_init__(self) -> None:
         for name, tracker in self.trackers.items():
             topic = tracker.spec.meter_topic or self.topics.meter(self.site, name)
             self._meters[topic] = name
+            self._controls[self.topics.row_control(self.site, name)] = (name, None)
+            for rack in tracker.spec.racks:
+                topic = self.topics.rack_control(self.site, name, rack.name)
+                self._controls[topic] = (name, rack.name)
         for cdu in self.cdus:
             self._cdu_topics[self.topics.cdu(self.site, cdu)] = cdu
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """Dropped messages by reason."""
+        return self.drops.counts
 
     def subscriptions(self) -> list[tuple[str, int]]:
         """The topic filters this aggregator needs (its rows only, never ``#``)."""
@@ -75,10 +98,24 @@ class Intake:
         return subs
 
     def handle(self, message: InMessage, now_s: float) -> None:
-        """Apply one message to its row, or count and drop it."""
+        """Apply one message to its row, or count and drop it. Never raises.
+
+        ``now_s`` is the monotonic time of receipt (staleness); the wall clock of receipt
+        is ``message.received_ns``.
+        """
         self.messages_in += 1
+        try:
+            self._route(message, now_s)
+        except SchemaError as exc:
+            self.drops.drop(exc.reason, topic=message.topic, detail=str(exc))
+        except Exception as exc:
+            self.drops.drop("internal", exc=exc, topic=message.topic, detail=repr(exc))
+
+    def _route(self, message: InMessage, now_s: float) -> None:
         if len(message.payload) > MAX_PAYLOAD_BYTES:
-            self._drop(message.topic, "oversized", f"{len(message.payload)} bytes")
+            self.drops.drop(
+                "oversized", topic=message.topic, detail=f"{len(message.payload)} bytes"
+            )
             return
         if message.topic in self._meters:
             self._meter(message, now_s)
@@ -86,98 +123,96 @@ class Intake:
         if message.topic in self._cdu_topics:
             self._cdu(message, now_s)
             return
+        if message.topic in self._controls:
+            self._control(message)
+            return
         parsed = self.topics.parse_node(message.topic)
         if parsed is None:
-            self._control(message)
+            self.drops.drop("topology", topic=message.topic, detail="not a topic polca reads")
             return
         addr, channel = parsed
         tracker = self.trackers.get(addr.row) if addr.site == self.site else None
         if tracker is None or tracker.rack_of(addr.node) != addr.rack:
-            self._drop(message.topic, "topology", "node not in this aggregator's topology")
+            self.drops.drop(
+                "topology", topic=message.topic, detail="node not in this aggregator's topology"
+            )
             return
         if not message.payload:
             return  # a retained message being cleared
-        try:
-            if channel == "telemetry":
-                telemetry = decode(message.payload, Telemetry)
-                assert isinstance(telemetry, Telemetry)  # noqa: S101 - decode checked it
-                if telemetry.node != addr.node:
-                    self._drop(message.topic, "topology", f"payload node {telemetry.node!r}")
-                    return
-                tracker.ingest_telemetry(addr.node, telemetry, now_s)
-                if self.on_telemetry is not None:
-                    self.on_telemetry(addr.row, addr.rack, addr.node, telemetry)
-            elif channel == "status":
-                status = decode(message.payload, Status)
-                assert isinstance(status, Status)  # noqa: S101
-                tracker.ingest_status(addr.node, status)
-                if status.state == "offline":
-                    _log.warning(
-                        "node_offline",
-                        row=addr.row,
-                        rack=addr.rack,
-                        node=addr.node,
-                        reason=status.reason,
-                    )
-            elif channel == "events":
-                event = decode(message.payload, Event)
-                assert isinstance(event, Event)  # noqa: S101
-                if self.on_event is not None:
-                    self.on_event(addr.row, addr.rack, addr.node, event)
-            else:
-                decode(message.payload, State)  # validated, kept by the broker for status
-        except SchemaError as exc:
-            self._schema_drop(message.topic, exc)
+        if channel == "telemetry":
+            telemetry = decode(message.payload, Telemetry)
+            check_identity("node", payload=telemetry.node, topic=addr.node)
+            _not_retained(message, "telemetry")
+            telemetry = self._trusted(telemetry, message, channel)
+            tracker.ingest_telemetry(addr.node, telemetry, now_s)
+            if self.on_telemetry is not None:
+                self.on_telemetry(addr.row, addr.rack, addr.node, telemetry)
+        elif channel == "status":
+            status = decode(message.payload, Status)
+            check_identity("node", payload=status.node, topic=addr.node)
+            tracker.ingest_status(addr.node, status)
+            if status.state == "offline":
+                _log.warning(
+                    "node_offline",
+                    row=addr.row,
+                    rack=addr.rack,
+                    node=addr.node,
+                    reason=status.reason,
+                )
+        elif channel == "events":
+            event = decode(message.payload, Event)
+            check_identity("node", payload=event.node, topic=addr.node)
+            event = self._trusted(event, message, channel)
+            if self.on_event is not None:
+                self.on_event(addr.row, addr.rack, addr.node, event)
+        elif channel == "state":
+            state = decode(message.payload, State)  # validated, kept by the broker for status
+            check_identity("node", payload=state.node, topic=addr.node)
+        else:
+            self.drops.drop("topology", topic=message.topic, detail=f"{channel} is not read here")
+
+    def _trusted(self, message: _Stamped, raw: InMessage, channel: str) -> _Stamped:
+        """The message, re-stamped with its receipt time when its own stamp is skewed."""
+        if not self.window.skewed(message.ts_ns, raw.received_ns):
+            return message
+        ahead_s = (message.ts_ns - raw.received_ns) / 1e9
+        self.skewed.drop(channel, topic=raw.topic, detail=f"stamp {ahead_s:+.1f} s off")
+        return message.model_copy(update={"ts_ns": raw.received_ns})
 
     def _meter(self, message: InMessage, now_s: float) -> None:
-        try:
-            meter = decode(message.payload, Meter)
-        except SchemaError as exc:
-            self._schema_drop(message.topic, exc)
-            return
-        assert isinstance(meter, Meter)  # noqa: S101
+        meter = decode(message.payload, Meter)
+        _not_retained(message, "meter reading")
+        if self.window.skewed(meter.ts_ns, message.received_ns):
+            self.skewed.drop("meter", topic=message.topic, detail="meter stamp off")
         self.trackers[self._meters[message.topic]].ingest_meter(meter, now_s)
 
     def _cdu(self, message: InMessage, now_s: float) -> None:
-        try:
-            cdu = decode(message.payload, CduTelemetry)
-        except SchemaError as exc:
-            self._schema_drop(message.topic, exc)
-            return
-        assert isinstance(cdu, CduTelemetry)  # noqa: S101
-        if cdu.cdu != self._cdu_topics[message.topic]:
-            self._drop(message.topic, "topology", f"payload cdu {cdu.cdu!r}")
-            return
+        cdu = decode(message.payload, CduTelemetry)
+        check_identity("cdu", payload=cdu.cdu, topic=self._cdu_topics[message.topic])
+        _not_retained(message, "CDU reading")
+        if self.window.skewed(cdu.ts_ns, message.received_ns):
+            self.skewed.drop("cdu", topic=message.topic, detail="CDU stamp off")
         if self.on_cdu is not None:
             self.on_cdu(cdu, now_s)
 
     def _control(self, message: InMessage) -> None:
         if not message.payload:
             return
-        try:
-            control = decode(message.payload, Control)
-        except SchemaError as exc:
-            self._schema_drop(message.topic, exc)
-            return
-        assert isinstance(control, Control)  # noqa: S101
+        control = decode(message.payload, Control)
+        row, rack = self._controls[message.topic]
+        check_identity("row", payload=control.row, topic=row)
+        check_identity("rack", payload=control.rack, topic=rack)
         if control.issuer != self.issuer:
-            self._drop(message.topic, "foreign_control", f"issuer {control.issuer!r}")
+            self.drops.drop(
+                "foreign_control", topic=message.topic, detail=f"issuer {control.issuer!r}"
+            )
             return
         if message.retain and self.on_retained_control is not None:
             self.on_retained_control(control)
 
-    def _schema_drop(self, topic: str, exc: SchemaError) -> None:
-        reason = "schema_version" if "schema_version" in str(exc) else "malformed"
-        self._drop(topic, reason, str(exc))
 
-    def _drop(self, topic: str, reason: str, detail: str) -> None:
-        self.dropped[reason] += 1
-        if (topic, reason) not in self._logged:
-            self._logged.add((topic, reason))
-            _log.warning(
-                "message_dropped",
-                topic=topic,
-                reason=reason,
-                detail=detail,
-                dropped=self.dropped[reason],
-            )
+def _not_retained(message: InMessage, what: str) -> None:
+    """Readings are live: one delivered retained has no known age and is dropped."""
+    if message.retain:
+        msg = f"a retained {what} is of unknown age"
+        raise StaleMessageError(msg)

@@ -11,6 +11,12 @@ bitmasks are integers (``i`` suffix in line protocol); flags are floats 0/1 so t
 be averaged and graphed; strings only where a human reads them (events, decision reasons).
 Tags hold only what is grouped or filtered on: never free text, job ids or values.
 
+The encoder is total over text: any ``str`` in a name, tag or string field becomes one line
+of valid UTF-8 line protocol that InfluxDB 1.x and VictoriaMetrics both parse (what neither
+can carry becomes U+FFFD, see ``Point.to_line``), because one unparsable line costs more
+than itself: InfluxDB 1.x leaves it out of a partial write's count when the batch also had
+another error, and VictoriaMetrics drops it without a word.
+
 This module does no I/O and imports no database client: ``sink.py`` owns that.
 """
 
@@ -34,13 +40,33 @@ _PRECISION_DIVISOR: Final = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_0
 # Line-protocol escaping, as the reference clients do it. Newlines would end the line, so
 # they are written as the two characters ``\n`` everywhere (a human-readable, lossy choice:
 # VictoriaMetrics drops a whole request whose string field holds a raw newline).
+# Backslashes in names and tag values are not escaped (InfluxDB 1.x would keep both of a
+# doubled one), but one that ends the text or stands before a delimiter cannot be written
+# at all: neither parser accepts a name or tag value ending in a backslash, and they read
+# a backslash before an escaped delimiter differently. That one becomes U+FFFD. Field keys
+# also escape a double quote (VictoriaMetrics would take it for the start of a string).
 _ESCAPE_MEASUREMENT: Final = str.maketrans(
     {",": r"\,", " ": r"\ ", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
 )
 _ESCAPE_KEY: Final = str.maketrans(
     {",": r"\,", "=": r"\=", " ": r"\ ", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
 )
+_ESCAPE_FIELD_KEY: Final = str.maketrans(
+    {",": r"\,", "=": r"\=", " ": r"\ ", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+)
 _ESCAPE_STRING: Final = str.maketrans({'"': r"\"", "\\": "\\\\", "\n": r"\n", "\r": r"\r"})
+
+_DANGLING_BACKSLASH: Final = re.compile(r"\\(?=[,= ]|\Z)")
+_DANGLING_FIELD_BACKSLASH: Final = re.compile(r"\\(?=[,= \"]|\Z)")
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_REPLACEMENT: Final = "\ufffd"
+_CACHED_MAX_CHARS: Final = 256  # longer names are escaped every time, never cached
+_STRING_MAX_CHARS: Final = 16_384  # ≤ 64 KiB of UTF-8: well within a line's limits
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**63 - 1
+# InfluxDB's time range, in ns (VictoriaMetrics keeps only what its retention covers).
+_TIME_MIN_NS: Final = -9_223_372_036_854_775_806
+_TIME_MAX_NS: Final = 9_223_372_036_854_775_806
 
 _TEXT_MAX_CHARS: Final = 256
 _REASON: Final = re.compile(r"^[a-z0-9_]+$")
@@ -51,8 +77,8 @@ class Point:
     """One line of line protocol: a measurement, tags, fields and a timestamp (Unix ns).
 
     ``None`` field values are left out; a point left without fields is not written at all
-    (``to_line`` returns an empty string). Empty tag values are left out too (line protocol
-    cannot carry them).
+    (``to_line`` returns an empty string). Tags with an empty key or value and fields with
+    an empty key are left out too (line protocol cannot carry them).
     """
 
     measurement: str
@@ -61,34 +87,98 @@ class Point:
     ts_ns: int
 
     def to_line(self, precision: str = "ms") -> str:
-        """The point as one line of line protocol, timestamp in ``precision`` (ns/us/ms/s)."""
+        """The point as one line of line protocol, timestamp in ``precision`` (ns/us/ms/s).
+
+        Any text encodes: a lone surrogate (which UTF-8 cannot carry) and a backslash that
+        would escape a delimiter or end a name or tag value become U+FFFD, a newline, tab
+        or carriage return the two characters ``\\n``, ``\\t``, ``\\r``, and a string field
+        is cut to 16,384 characters (ending in "…"). Tag keys that become equal keep the
+        first (InfluxDB refuses a line with a tag twice; for fields the last one counts).
+        Raises ``ValueError`` only for what no line can carry: an empty measurement or one
+        starting with ``#`` (a comment), an integer outside int64, a time outside
+        InfluxDB's range.
+        """
+        # The hot path: most names and tag values were seen before.
+        cached, cached_field = _KEYS.get, _FIELD_KEYS.get
         field_parts: list[str] = []
         for key, value in self.fields.items():
             text = _field_text(value)
-            if text is not None:
-                field_parts.append(f"{_escape_key(key)}={text}")
+            if text is not None and key:
+                field_parts.append(f"{cached_field(key) or _escape_field_key(key)}={text}")
         if not field_parts:
             return ""
-        head = [_escape_measurement(self.measurement)]
+        measurement = _escape_measurement(self.measurement)
+        if not measurement or measurement.startswith("#"):
+            msg = f"measurement {self.measurement!r} cannot start a line of line protocol"
+            raise ValueError(msg)
+        head = [measurement]
+        tag_keys: set[str] = set()
         tags = self.tags
         for key in sorted(tags):
             value = tags[key]
-            if value:
-                head.append(f"{_escape_key(key)}={_escape_key(value)}")
-        ts = self.ts_ns // _PRECISION_DIVISOR[precision]
+            if value and key:
+                escaped = cached(key) or _escape_key(key)
+                if escaped not in tag_keys:
+                    tag_keys.add(escaped)
+                    head.append(f"{escaped}={cached(value) or _escape_key(value)}")
+        divisor = _PRECISION_DIVISOR[precision]
+        ts = self.ts_ns // divisor
+        if not _TIME_MIN_NS <= ts * divisor <= _TIME_MAX_NS:
+            msg = f"time {self.ts_ns} ns is outside what InfluxDB stores"
+            raise ValueError(msg)
         return f"{','.join(head)} {','.join(field_parts)} {ts}"
 
 
+def _utf8(text: str) -> str:
+    """The text with every lone surrogate (no UTF-8 for it) replaced by U+FFFD."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(_REPLACEMENT, text)
+    return text
+
+
+def _escape_name(
+    text: str, table: dict[int, str], dangling: re.Pattern[str] = _DANGLING_BACKSLASH
+) -> str:
+    text = _utf8(text)
+    if "\\" in text:
+        text = dangling.sub(_REPLACEMENT, text)
+    return text.translate(table)
+
+
 # Names and tag values repeat from point to point (site, rack, node, GPU UUID, field names),
-# so their escaped form is cached: this is the hot path of the sink.
-@functools.lru_cache(maxsize=1 << 16)
+# so their escaped form is cached: this is the hot path of the sink. Short ones only, and
+# a bounded number (emptied when full).
+_KEYS: Final[dict[str, str]] = {}
+_FIELD_KEYS: Final[dict[str, str]] = {}
+_CACHE_MAX: Final = 1 << 16
+
+
+def _remember(cache: dict[str, str], text: str, escaped: str) -> str:
+    if len(text) <= _CACHED_MAX_CHARS:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[text] = escaped
+    return escaped
+
+
 def _escape_key(text: str) -> str:
-    return text.translate(_ESCAPE_KEY)
+    """A tag key or value."""
+    return _remember(_KEYS, text, _escape_name(text, _ESCAPE_KEY))
+
+
+def _escape_field_key(text: str) -> str:
+    return _remember(
+        _FIELD_KEYS, text, _escape_name(text, _ESCAPE_FIELD_KEY, _DANGLING_FIELD_BACKSLASH)
+    )
 
 
 @functools.lru_cache(maxsize=256)
 def _escape_measurement(text: str) -> str:
-    return text.translate(_ESCAPE_MEASUREMENT)
+    return _escape_name(text, _ESCAPE_MEASUREMENT)
 
 
 def _field_text(value: FieldValue | None) -> str | None:
@@ -101,14 +191,22 @@ def _field_text(value: FieldValue | None) -> str | None:
     if kind is bool or isinstance(value, bool):  # before int: bool is an int subclass
         return "true" if value else "false"
     if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            msg = f"integer {value} does not fit line protocol's int64"
+            raise ValueError(msg)
         return f"{value}i"
     if isinstance(value, float):
         return repr(float(value)) if math.isfinite(value) else None
-    return f'"{value.translate(_ESCAPE_STRING)}"'
+    if len(value) > _STRING_MAX_CHARS:
+        value = value[: _STRING_MAX_CHARS - 1] + "…"
+    return f'"{_utf8(value).translate(_ESCAPE_STRING)}"'
 
 
 def encode_lines(points: list[Point], precision: str = "ms") -> bytes:
-    """Points as a line-protocol body (newline separated), skipping points without fields."""
+    """Points as a line-protocol body (newline separated), skipping points without fields.
+
+    Raises ``ValueError`` as ``Point.to_line`` does; never for text.
+    """
     return "\n".join(line for p in points if (line := p.to_line(precision))).encode()
 
 

@@ -12,9 +12,13 @@ each control interval. How a node counts:
   from (such a node is listed, so operators see the gap). A node whose agent is down may
   still draw power: counting it at its limits errs on the side of capping.
 
-A fresh meter reading (``meter_topic``) replaces the computed row power; otherwise the sum
-of the nodes is used. The row power history feeds a least-squares trend (W/s) for the
-controller's brake-on-trend rule.
+A node's GPU power is the larger of its reported sum and the sum of its GPUs' readings, so a
+node cannot under-report by contradicting itself. A fresh meter reading (``meter_topic``)
+replaces the computed row power, unless it is implausible: below ``meter_min_fraction`` of
+the GPU power the row's fresh nodes report (a meter cannot read less than the GPUs it
+feeds draw), the reading is not trusted to uncap the row; the computed power is used and
+the reading counted (``meter_rejected``). Otherwise the sum of the nodes is used. The row
+power history feeds a least-squares trend (W/s) for the controller's brake-on-trend rule.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class NodeView:
     received_s: float | None = None
     status: Literal["online", "offline"] | None = None
     limits_w: float | None = None  # sum of the GPUs' enforced limits, last telemetry
+    gpu_power_w: float = 0.0  # the larger of the reported sum and the GPUs' own readings
 
     def nameplate_w(self) -> float:
         """The conservative power of this node when its telemetry cannot be trusted."""
@@ -62,8 +67,7 @@ class NodeView:
         """The node's power as counted in its health state."""
         if health != "fresh" or self.telemetry is None:
             return self.nameplate_w()
-        gpu_w = self.telemetry.node_gpu_power_w
-        return gpu_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
+        return self.gpu_power_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,7 @@ class RowRollup:
     offline_nodes: tuple[str, ...]  # offline or never heard from
     gpu_temp_max_c: float | None
     energy_j: float  # GPU energy reported since the aggregator started
+    meter_rejected_w: float | None = None  # an implausible meter reading, not used
 
     @property
     def all_reported(self) -> bool:
@@ -110,6 +115,8 @@ class RowTracker:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     meter_w: float | None = None
     meter_received_s: float | None = None
+    meter_rejected: int = 0  # implausible meter readings, not trusted
+    _meter_rejected_at_s: float | None = None
     energy_j: float = 0.0
     history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
 
@@ -127,6 +134,8 @@ class RowTracker:
         view = self.nodes[node]
         view.telemetry = telemetry
         view.received_s = now_s
+        gpus_w = sum(g.power_mean_w or g.power_w or 0.0 for g in telemetry.gpus)
+        view.gpu_power_w = max(telemetry.node_gpu_power_w, gpus_w)
         if view.status != "online":
             view.status = "online"
         limits = [
@@ -147,7 +156,9 @@ class RowTracker:
         self.meter_w = meter.power_w
         self.meter_received_s = now_s
 
-    def rollup(self, now_s: float, *, stale_after_s: float) -> RowRollup:
+    def rollup(
+        self, now_s: float, *, stale_after_s: float, meter_min_fraction: float = 0.9
+    ) -> RowRollup:
         """The row now; also appends the row power to the trend history."""
         racks: dict[str, list[tuple[NodeView, NodeHealth]]] = {r.name: [] for r in self.spec.racks}
         for view in self.nodes.values():
@@ -182,12 +193,25 @@ class RowTracker:
             )
         computed = sum(r.power_w for r in rack_rollups)
         measured = None
+        rejected = None
         if (
             self.meter_w is not None
             and self.meter_received_s is not None
             and now_s - self.meter_received_s <= self.spec.meter_max_age_s
         ):
-            measured = self.meter_w
+            fresh_gpu_w = sum(
+                view.gpu_power_w
+                for members in racks.values()
+                for view, health in members
+                if health == "fresh"
+            )
+            if self.meter_w < meter_min_fraction * fresh_gpu_w:
+                rejected = self.meter_w
+                if self._meter_rejected_at_s != self.meter_received_s:
+                    self._meter_rejected_at_s = self.meter_received_s
+                    self.meter_rejected += 1
+            else:
+                measured = self.meter_w
         power = measured if measured is not None else computed
         self.history.append((now_s, power))
         return RowRollup(
@@ -203,6 +227,7 @@ class RowTracker:
             offline_nodes=tuple(sorted(offline)),
             gpu_temp_max_c=max(temps) if temps else None,
             energy_j=self.energy_j,
+            meter_rejected_w=rejected,
         )
 
     def trend_w_per_s(self, now_s: float, window_s: float) -> float | None:

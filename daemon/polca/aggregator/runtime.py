@@ -10,7 +10,13 @@ published), ``sink`` (batched writes to InfluxDB), ``watchdog``.
 
 During ``control.warmup_s`` after start, nothing is published until every node has
 reported, so a restarted aggregator never uncaps a row for lack of data; retained control
-left by its previous run seeds the ladders (see ``controller.py``).
+left by its previous run seeds the ladders (see ``controller.py``), clamped into the
+policy's levels.
+
+Every received message is handled on its own inside the intake's guard (``intake.py``):
+no payload, retained or not, can end a task. How each run ended is kept in
+``state_dir/exits.json``; the same failure ending several runs in a row is reported as a
+crash loop (log, systemd ``STATUS=``, the retained status message).
 """
 
 from __future__ import annotations
@@ -39,10 +45,12 @@ from polca.aggregator.intake import Intake
 from polca.aggregator.rollup import RowRollup, RowTracker
 from polca.aggregator.sink import InfluxSink, Sink, resolve_token
 from polca.errors import PolicyError
+from polca.exits import ExitRecord, Streak
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.settings import InfluxSettings
 from polca.telemetry.bus import MqttBus, OutMessage
+from polca.telemetry.checks import ClockWindow, DropLog
 from polca.telemetry.schema import (
     CduTelemetry,
     Control,
@@ -118,7 +126,11 @@ class Aggregator:
             on_retained_control=self._on_retained_control,
             on_cdu=self._on_cdu,
             cdus=tuple(loop.cdu for loop in settings.cooling.loops),
+            window=ClockWindow.of_seconds(settings.control.clock_skew_tolerance_s),
         )
+        self.meter_log = DropLog("meter_reading_implausible", logger=self.log)
+        self.exits = ExitRecord(settings.state_dir, clock_ns=clock_ns, logger=self.log)
+        self.crash_loop: Streak | None = None
         self.stop_requested = asyncio.Event()
         self.reload_requested = asyncio.Event()
         self.gate = WatchdogGate()
@@ -152,6 +164,20 @@ class Aggregator:
 
     async def run(self) -> None:
         """Start, run until ``stop_requested``, then shut down in order."""
+        self._note_start()
+        with self.exits.recording():
+            await self._run()
+
+    def _note_start(self) -> None:
+        """Record that a run begins; report a crash loop when the same failure repeats."""
+        self.crash_loop = self.exits.start_reporting(
+            crash_loop_after=self.settings.control.crash_loop_after
+        )
+
+    def _crash_loop_text(self) -> str | None:
+        return None if self.crash_loop is None else self.crash_loop.text
+
+    async def _run(self) -> None:
         result = self.policy_store.reload()
         if self.policy_store.current is None:
             problems = "; ".join(result.errors) or "unknown error"
@@ -165,6 +191,7 @@ class Aggregator:
             will=self._status_message("offline", reason="connection lost"),
             subscriptions=self.intake.subscriptions(),
             birth=self._birth,
+            clock_ns=self.clock_ns,
         )
         self.started_s = asyncio.get_running_loop().time()
         self.notifier.ready(self._status_line())
@@ -226,7 +253,7 @@ class Aggregator:
             policy_name=current.policy.name if current else None,
             policy_revision=current.revision if current else None,
             started_ns=self.epoch_ns,
-            reason=reason,
+            reason=reason if reason is not None or state == "offline" else self._crash_loop_text(),
         )
         topic = self.topics.aggregator(self.settings.site, self.settings.instance, "status")
         return OutMessage(topic, encode(status), qos=1, retain=True)
@@ -257,13 +284,17 @@ class Aggregator:
         ]
 
     def _aggregator_event(self, name: str, **detail: Any) -> None:
-        event = Event(
-            ts_ns=self.clock_ns(),
-            seq=0,
-            node=self.settings.instance,
-            event=name,
-            detail=detail,
-        )
+        try:
+            event = Event(
+                ts_ns=self.clock_ns(),
+                seq=0,
+                node=self.settings.instance,
+                event=name,
+                detail=detail,
+            )
+        except ValueError as exc:  # pydantic's ValidationError: a detail out of bounds
+            self.log.warning("event_not_published", event_name=name, error=str(exc)[:400])
+            return
         if self.bus is not None:
             topic = self.topics.aggregator(self.settings.site, self.settings.instance, "events")
             self.bus.publish_nowait(OutMessage(topic, encode(event), qos=1))
@@ -275,7 +306,8 @@ class Aggregator:
             if rack is None
         )
         rows = len(self.settings.rows)
-        return f"{rows} rows ({levels or 'warming up'}), policy {self.policy.revision}"
+        loop = f"; {text}" if (text := self._crash_loop_text()) else ""
+        return f"{rows} rows ({levels or 'warming up'}), policy {self.policy.revision}{loop}"
 
     # ------------------------------------------------------------------ intake
 
@@ -308,12 +340,13 @@ class Aggregator:
         key = (control.row, control.rack)
         controller = self.controllers.get(key)
         if controller is not None:
-            controller.seed(control)
+            controller.seed(control, top_level=self.policy.policy.top_level)
             self.log.info(
                 "control_seeded",
                 row=control.row,
                 rack=control.rack,
-                seeded_level=control.level,
+                seeded_level=controller.seeded_from,
+                retained_level=control.level,
                 seq=control.seq,
             )
 
@@ -349,10 +382,20 @@ class Aggregator:
         now_ns = self.clock_ns()
         loaded = self.policy
         rollups = {
-            name: tracker.rollup(now_s, stale_after_s=ctl.stale_after_s)
+            name: tracker.rollup(
+                now_s, stale_after_s=ctl.stale_after_s, meter_min_fraction=ctl.meter_min_fraction
+            )
             for name, tracker in self.trackers.items()
         }
         self.last_rollups = rollups
+        for rollup in rollups.values():
+            if rollup.meter_rejected_w is not None:
+                self.meter_log.drop(
+                    "below_node_telemetry",
+                    topic=rollup.row,
+                    detail=f"meter {rollup.meter_rejected_w:.0f} W; computed "
+                    f"{rollup.computed_power_w:.0f} W is used",
+                )
         if not self.warm:
             elapsed = now_s - (self.started_s or now_s)
             if elapsed < ctl.warmup_s and not all(r.all_reported for r in rollups.values()):

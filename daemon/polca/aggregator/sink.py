@@ -18,7 +18,10 @@ the network. The rules, each counted in ``stats`` and logged:
   (or the server's ``Retry-After``). ``influx_unreachable`` is logged once per outage and
   ``influx_recovered`` once the backlog has been replayed.
 - Other 4xx answers (bad data) drop that batch, count its points as rejected and log
-  ``influx_batch_rejected`` once per kind of error.
+  ``influx_batch_rejected`` once per kind of error. A *partial write* (InfluxDB 1.x: 400
+  ``partial write: ... dropped=N``, where lines that failed to parse are listed but not in
+  N) counts only the lines the answer names as rejected; an answer that names none counts
+  the whole batch (at least one point, whatever it says).
 - During an outage, points go to the spool (``spool_dir``) in segments of up to
   ``batch_size`` points, at the latest ``flush_interval_s`` after they arrived. Memory also
   spills to the spool when it nears ``max_buffer_points`` while the database is slow. Beyond
@@ -27,10 +30,10 @@ the network. The rules, each counted in ``stats`` and logged:
 - ``close`` spends at most ``timeout_s``: it sends what is in memory if the database is
   reachable and spools the rest (or, without a spool, drops and counts it).
 
-The spool is a directory of append-only segment files ``<seq>-<points>.lp`` (line protocol,
-millisecond timestamps, fsync'ed and renamed into place, so a crash leaves either a whole
-segment or a ``.tmp`` file that is discarded), locked by one process at a time. See
-``docs/influxdb.md`` for the loss bound.
+The spool (``spool.py``) is a directory of segment files with a checksum per line, locked by
+one process at a time; whatever is wrong in it (cut or altered segments, foreign files,
+leftovers of a crash or a full disk) is counted and logged here, never fatal. See
+``docs/influxdb.md`` for the format and the loss bound.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import re
@@ -52,7 +54,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, cast
 import structlog
 
 from polca import aiokit
-from polca.errors import ConfigError, FatalError, PolcaError, RetryableError
+from polca.aggregator.spool import Spool
+from polca.errors import ConfigError, PolcaError, RetryableError
 
 if TYPE_CHECKING:
     import aiohttp
@@ -68,12 +71,16 @@ _T = TypeVar("_T")
 PRECISION: Final = "ms"
 """Timestamp precision of every write and of the spool files."""
 
-_SEGMENT_NAME: Final = re.compile(r"^(\d{16})-(\d+)\.lp$")
-_LOCK_NAME: Final = ".lock"
 _RETRY_STATUSES: Final = frozenset({401, 403, 404, 408, 429})
 _DROP_LOG_INTERVAL_S: Final = 60.0
 _SPOOL_RETRY_S: Final = 5.0
 _CLOSE_RESERVE_FRACTION: Final = 0.3
+_ERROR_MAX_CHARS: Final = 500
+# InfluxDB 1.x: "partial write: <reason> dropped=N"; N leaves out the lines that failed to
+# parse, which it lists instead, one "unable to parse '<line>': <why>" per line, joined by
+# newlines (a line itself never holds a newline).
+_DROPPED: Final = re.compile(r" dropped=([0-9]+)\s*\Z")
+_UNPARSED: Final = re.compile(r"(?:\A|\n)(?:partial write: )?unable to parse '")
 
 
 class InfluxUnavailableError(RetryableError):
@@ -124,8 +131,9 @@ class SinkStats:
     last_error: str | None = None
     """The last write error, for operators."""
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Dropped points by reason: memory_full, spool_full, spool_unreadable, rejected, closed,
-    invalid (a value line protocol cannot carry)."""
+    """Dropped points by reason: memory_full, spool_full, spool_unreadable (a segment that
+    cannot be read, or is no file), spool_corrupt (records a segment lacks: cut, altered or
+    foreign), rejected, closed, invalid (a value line protocol cannot carry)."""
 
 
 class Sink(Protocol):
@@ -245,7 +253,12 @@ def _error_text(body: bytes | str | None) -> str:
 
 
 def classify_status(status: int, message: str, *, retry_after: str | None = None) -> PolcaError:
-    """The error for a non-2xx answer: retry later (outage) or drop the batch (bad data)."""
+    """The error for a non-2xx answer: retry later (outage) or drop the batch (bad data).
+
+    For bad data, ``dropped_points`` is what a partial write names: the ``dropped=N`` of
+    InfluxDB 1.x plus the lines it lists as unparsable; None when the answer names nothing
+    (the whole batch, as far as the sink can tell).
+    """
     if status >= 500 or status in _RETRY_STATUSES:
         delay_s = 0.0
         with contextlib.suppress(TypeError, ValueError):
@@ -257,14 +270,19 @@ def classify_status(status: int, message: str, *, retry_after: str | None = None
             hint = " (check the token / user name and password)"
         msg = f"HTTP {status}: {message}{hint}"
         return InfluxUnavailableError(msg, status=status, delay_s=delay_s)
-    dropped = re.search(r"dropped=(\d+)", message)
+    dropped_points: int | None = None
+    dropped = _DROPPED.search(message)
+    if dropped is not None and "partial write:" in message:
+        dropped_points = int(dropped.group(1)) + len(_UNPARSED.findall(message))
     # One kind per class of error: quoted names and numbers vary from batch to batch.
     kind = re.sub(r"\d+", "N", re.split(r"[\"'`]", message, maxsplit=1)[0]).strip()
+    if len(message) > _ERROR_MAX_CHARS:  # InfluxDB quotes every bad line: keep logs short
+        message = message[: _ERROR_MAX_CHARS - 1] + "…"
     return BatchRejectedError(
         f"HTTP {status}: {message}",
         status=status,
         kind=f"{status}:{kind[:80]}",
-        dropped_points=int(dropped.group(1)) if dropped else None,
+        dropped_points=dropped_points,
     )
 
 
@@ -373,144 +391,6 @@ class _V1Transport:
             await session.close()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Segment:
-    path: Path
-    seq: int
-    points: int
-    size_bytes: int
-
-
-class _Spool:
-    """Append-only segment files in one directory, oldest first; synchronous file I/O.
-
-    Every method runs in a worker thread (``_in_thread``), one call at a time.
-    """
-
-    def __init__(self, directory: Path, *, max_bytes: int) -> None:
-        self.directory = directory
-        self.max_bytes = max_bytes
-        self._segments: deque[_Segment] = deque()
-        self._next_seq = 0
-        self._lock_fd: int | None = None
-        self.points = 0
-        self.size_bytes = 0
-        self.appended_points = 0
-        self.evicted_points = 0
-        self.unreadable_points = 0
-
-    @property
-    def empty(self) -> bool:
-        return not self._segments
-
-    def open(self) -> None:
-        """Lock the directory and index the segments a previous run left."""
-        if self._lock_fd is not None:
-            return
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            msg = f"cannot use influx spool directory {self.directory}: {exc}"
-            raise ConfigError(msg) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            msg = f"influx spool {self.directory} is in use by another process"
-            raise FatalError(msg) from exc
-        self._lock_fd = fd
-        found: list[_Segment] = []
-        for path in self.directory.iterdir():
-            if path.name.endswith(".tmp"):
-                path.unlink()  # a segment a crash interrupted before its rename
-                continue
-            match = _SEGMENT_NAME.match(path.name)
-            if match:
-                size = path.stat().st_size
-                found.append(_Segment(path, int(match.group(1)), int(match.group(2)), size))
-        found.sort(key=lambda s: s.seq)
-        self._segments = deque(found)
-        self._next_seq = found[-1].seq + 1 if found else 0
-        self.points = sum(s.points for s in found)
-        self.size_bytes = sum(s.size_bytes for s in found)
-
-    def close(self) -> None:
-        """Release the directory lock (the segments stay for the next run)."""
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def append(self, lines: Sequence[bytes]) -> None:
-        """Write one segment durably, first evicting the oldest ones beyond the bound."""
-        body = b"\n".join(lines) + b"\n"
-        # Make room first, but never evict to nothing: one segment may exceed a tiny bound.
-        while self._segments and self.size_bytes + len(body) > self.max_bytes:
-            self.evicted_points += self._remove_oldest().points
-        name = f"{self._next_seq:016d}-{len(lines)}.lp"
-        path = self.directory / name
-        tmp = self.directory / f"{name}.tmp"
-        with tmp.open("wb") as stream:
-            stream.write(body)
-            stream.flush()
-            os.fsync(stream.fileno())
-        tmp.replace(path)
-        self._fsync_directory()
-        self._segments.append(_Segment(path, self._next_seq, len(lines), len(body)))
-        self._next_seq += 1
-        self.points += len(lines)
-        self.size_bytes += len(body)
-        self.appended_points += len(lines)
-
-    def _remove_oldest(self) -> _Segment:
-        segment = self._segments.popleft()
-        # A segment that cannot be deleted is replayed again at the next start: a duplicate
-        # the database absorbs, never a loss.
-        with contextlib.suppress(OSError):
-            segment.path.unlink(missing_ok=True)
-        self.points -= segment.points
-        self.size_bytes -= segment.size_bytes
-        return segment
-
-    def _fsync_directory(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def read_oldest(self, max_points: int) -> tuple[list[_Segment], bytes]:
-        """The oldest segments holding at most ``max_points`` (at least one), as one body.
-
-        A segment that cannot be read is taken out of the spool and its points counted in
-        ``unreadable_points``.
-        """
-        taken: list[_Segment] = []
-        bodies: list[bytes] = []
-        total = 0
-        while len(taken) < len(self._segments):
-            segment = self._segments[len(taken)]
-            if taken and total + segment.points > max_points:
-                break
-            try:
-                body = segment.path.read_bytes().rstrip(b"\n")
-            except OSError:
-                if taken:
-                    break  # send what was read; this one is dealt with next time
-                self.unreadable_points += self._remove_oldest().points
-                continue
-            taken.append(segment)
-            bodies.append(body)
-            total += segment.points
-        return taken, b"\n".join(b for b in bodies if b)
-
-    def remove(self, segments: Sequence[_Segment]) -> None:
-        """Delete segments that were sent (or rejected): they are the oldest ones."""
-        for segment in segments:
-            if self._segments and self._segments[0] == segment:
-                self._remove_oldest()
-
-
 async def _in_thread(function: Callable[..., _T], *args: Any) -> _T:
     """Run blocking file I/O in a worker thread; a cancellation waits for it to finish.
 
@@ -557,7 +437,7 @@ class InfluxSink:
         self._started = False
         self._send_timeout: asyncio.Timeout | None = None
         self._spool = (
-            _Spool(settings.spool_dir, max_bytes=int(settings.spool_max_mb * 1024 * 1024))
+            Spool(settings.spool_dir, max_bytes=int(settings.spool_max_mb * 1024 * 1024))
             if settings.spool_dir is not None
             else None
         )
@@ -595,12 +475,12 @@ class InfluxSink:
         invalid = 0
         for point in points:
             try:
-                line = point.to_line(PRECISION)
+                line = point.to_line(PRECISION).encode()
             except (AttributeError, TypeError, ValueError):
-                invalid += 1  # a value of a type line protocol cannot carry: a caller's bug
+                invalid += 1  # a value line protocol cannot carry: a caller's bug
                 continue
             if line:
-                self._memory.append(line.encode())
+                self._memory.append(line)
         self._drop("invalid", invalid)
         if not self._memory:
             return
@@ -619,6 +499,8 @@ class InfluxSink:
             dropped["spool_full"] = spool.evicted_points
         if spool is not None and spool.unreadable_points:
             dropped["spool_unreadable"] = spool.unreadable_points
+        if spool is not None and spool.corrupt_points:
+            dropped["spool_corrupt"] = spool.corrupt_points
         return SinkStats(
             points_written=self._written,
             points_dropped=sum(dropped.values()),
@@ -644,6 +526,11 @@ class InfluxSink:
         if self._running:
             msg = "InfluxSink.run() is already running"
             raise RuntimeError(msg)
+        if self._closing:
+            # close() came first (before this task got to run) and flushes by itself; a
+            # second flush beside it would open the spool twice.
+            await self._finished.wait()
+            return
         self._running = True
         try:
             await self._open()
@@ -683,7 +570,22 @@ class InfluxSink:
         if self._token is None:
             self._token = resolve_token(self._settings)
         if self._spool is not None:
-            await _in_thread(self._spool.open)
+            report = await _in_thread(self._spool.open)
+            if report.debris:
+                # Once per start: what is not a segment is reported, never fatal.
+                self._log().warning(
+                    "influx_spool_debris",
+                    spool_dir=str(self._spool.directory),
+                    tmp_removed=report.tmp_removed,
+                    unreadable=list(report.unreadable),
+                    unreadable_points=report.unreadable_points,
+                    stray=list(report.stray),
+                    stray_count=report.stray_count,
+                )
+            if report.unreadable_points:
+                self._log_drop(
+                    "spool_unreadable", report.unreadable_points, self._spool.unreadable_points
+                )
             if not self._spool.empty:
                 self._log().info(
                     "influx_spool_found",
@@ -794,16 +696,19 @@ class InfluxSink:
         spool = self._spool
         if spool is not None and not spool.empty:
             unreadable_before = spool.unreadable_points
-            segments, body = await _in_thread(spool.read_oldest, self._settings.batch_size)
+            corrupt_before = spool.corrupt_points
+            batch = await _in_thread(spool.read_oldest, self._settings.batch_size)
             if spool.unreadable_points > unreadable_before:
                 lost = spool.unreadable_points - unreadable_before
                 self._log_drop("spool_unreadable", lost, spool.unreadable_points)
-            if not segments:
+            if spool.corrupt_points > corrupt_before:
+                lost = spool.corrupt_points - corrupt_before
+                self._log_drop("spool_corrupt", lost, spool.corrupt_points)
+            if not batch.segments:
                 return
-            count = sum(s.points for s in segments)
-            outcome = await self._attempt(body, count)
+            outcome = await self._attempt(batch.body, batch.points)
             if outcome != "retry":
-                await _in_thread(spool.remove, segments)
+                await _in_thread(spool.remove, batch.segments)
             return
         lines = self._take(self._settings.batch_size)
         try:
@@ -873,8 +778,10 @@ class InfluxSink:
     def _on_rejected(self, exc: BatchRejectedError, count: int) -> None:
         self._write_errors += 1
         self._last_error = str(exc)
-        rejected = count if exc.dropped_points is None else min(count, exc.dropped_points)
-        # A partial write (InfluxDB 1.x) kept the other points of the batch.
+        # A partial write (InfluxDB 1.x) kept the other points of the batch. A refusal that
+        # names no point (or none of a count) still lost one at least.
+        named = count if exc.dropped_points is None else exc.dropped_points
+        rejected = min(count, max(1, named))
         self._written += count - rejected
         self._rejected += rejected
         self._drop("rejected", rejected, log=False)

@@ -17,9 +17,14 @@ How it fails:
 - A device that rejects a read as an illegal function, address or value (Modbus exception
   codes 1-3) is answering, but the map does not fit it: ``ConfigError``. Other exception
   codes (busy, gateway) are transient: ``TransportError``.
-- A value that cannot be decoded (NaN, out of bounds, unknown state code) leaves its field
-  out (states take their conservative value) and is logged once until it is good again
-  (``modbus_value_invalid``).
+- A response of the wrong length (fewer or more registers than asked for) or with words
+  outside 16 bits is a failed poll like a timeout (``TransportError``, counted in
+  ``bad_responses`` and ``failures``): the connection is dropped, as the framing can no
+  longer be trusted.
+- A value that cannot be decoded (NaN, infinite, out of bounds, unknown state code) leaves
+  its field out (states take their conservative value), is counted (``invalid_values``)
+  and is logged once until it is good again (``modbus_value_invalid``). Decoding is total
+  (``polca.cooling.registers``): no register value raises.
 
 What it must not do: publish (the publisher does), or sleep between polls (the caller
 schedules them).
@@ -139,7 +144,7 @@ class PymodbusClient:
                 raise ConfigError(msg)
             raise TransportError(msg)
         registers = list(response.registers)
-        if len(registers) < count:
+        if len(registers) != count:
             msg = f"Modbus device {self._where} returned {len(registers)} of {count} registers"
             raise TransportError(msg)
         return registers
@@ -187,6 +192,10 @@ class ModbusCduPoller:
         """Failed polls (each raised ``TransportError``)."""
         self.connects = 0
         """Connections made."""
+        self.bad_responses = 0
+        """Responses of the wrong length or with words outside 16 bits (each a failed poll)."""
+        self.invalid_values = 0
+        """Point values that could not be decoded, summed over polls."""
 
     @property
     def connected(self) -> bool:
@@ -232,6 +241,7 @@ class ModbusCduPoller:
             for block in self.blocks:
                 async with asyncio.timeout(timeout_s):
                     registers = await client.read(block.table, block.address, block.count)
+                self._check_response(block, registers)
                 for point in block.points:
                     start = point.address - block.address
                     values[point.field] = decode_point(
@@ -256,6 +266,27 @@ class ModbusCduPoller:
         self._drop_client()
 
     # -- internals ------------------------------------------------------------------------
+
+    def _check_response(self, block: ReadBlock, registers: Sequence[object]) -> None:
+        """Refuse a response that does not answer ``block``: ``TransportError``."""
+        where = f"Modbus device {self.config.host}:{self.config.port}"
+        problem = None
+        if len(registers) != block.count:
+            problem = (
+                f"returned {len(registers)} registers for a read of {block.count} "
+                f"{block.table} registers at {block.address}"
+            )
+        elif not all(
+            isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= 0xFFFF for w in registers
+        ):
+            problem = (
+                f"returned a value that is not a 16-bit word reading {block.table} registers "
+                f"at {block.address}"
+            )
+        if problem is not None:
+            self.bad_responses += 1
+            msg = f"{where} {problem}"
+            raise TransportError(msg)
 
     def _new_backoff(self) -> Iterator[float]:
         return aiokit.backoff_delays(
@@ -299,6 +330,7 @@ class ModbusCduPoller:
         """Log a field that cannot be decoded when it goes bad, and when it is good again."""
         for field, value in values.items():
             if isinstance(value, DecodeProblem):
+                self.invalid_values += 1
                 if field not in self._invalid:
                     self._invalid.add(field)
                     self._log.warning(

@@ -9,7 +9,13 @@ not bunched. While the plant's telemetry-loss fault is on, or the poller cannot 
 CDU, nothing is published: the aggregator sees the CDU go silent, as it would.
 
 ``RackPowerTracker`` turns the agents' node telemetry into rack power, the plant's heat
-input when it runs next to a live row (``polca cdu simulate --rack``).
+input when it runs next to a live row (``polca cdu simulate --rack``). Every received
+message is hostile until validated: ``feed`` takes one message at a time inside its own
+guard, and a message it cannot use (not node telemetry, retained, malformed, naming
+another node than its topic, one node too many) is counted by reason, logged at most once
+per ``DropLog.every_s`` per reason, and dropped; an unexpected exception is counted as
+``internal`` and logged with its traceback. Nothing but cancellation ends the listener,
+and a failing Modbus poll other than ``ConfigError`` does not end the poller either.
 
 What this module must not do: model physics, decode registers, or own the MQTT connection
 (it is handed a bus).
@@ -25,8 +31,9 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 
 import structlog
 
-from polca.errors import TransportError
+from polca.errors import ConfigError, TransportError
 from polca.telemetry.bus import InMessage, OutMessage
+from polca.telemetry.checks import DropLog
 from polca.telemetry.schema import SchemaError, Telemetry, decode, encode
 from polca.telemetry.topics import Topics
 
@@ -36,6 +43,7 @@ if TYPE_CHECKING:
     from polca.telemetry.schema import CduTelemetry
 
 __all__ = [
+    "DropLog",
     "Publisher",
     "RackPowerTracker",
     "publish_plant_once",
@@ -93,14 +101,23 @@ async def publish_poll_once(
     *,
     site: str,
     topics: Topics | None = None,
+    failures: DropLog | None = None,
 ) -> CduTelemetry | None:
     """One Modbus poll, published; None when the CDU is unreachable (the poller logs it).
 
-    ``ConfigError`` (the device rejects the map) propagates: retrying cannot fix it.
+    ``ConfigError`` (the device rejects the map) propagates: retrying cannot fix it. Any
+    other exception (a bug: decoding is total) is counted and logged through ``failures``
+    as ``internal``, and the poll yields nothing.
     """
     try:
         telemetry = await poller.poll()
     except TransportError:
+        return None
+    except ConfigError:
+        raise
+    except Exception as exc:  # one bad poll must not end the poller
+        drops = failures if failures is not None else DropLog("cdu_poll_failed")
+        drops.drop("internal", exc=exc, cdu=poller.config.cdu)
         return None
     bus.publish_nowait(_cdu_message(topics or Topics(), site, telemetry))
     return telemetry
@@ -166,8 +183,12 @@ async def run_poller(
         requests_per_poll=len(poller.blocks),
         interval_s=interval_s,
     )
+    failures = DropLog("cdu_poll_failed")
     try:
-        await _every(interval_s, lambda: publish_poll_once(bus, poller, site=site, topics=topics))
+        await _every(
+            interval_s,
+            lambda: publish_poll_once(bus, poller, site=site, topics=topics, failures=failures),
+        )
     finally:
         poller.close()
 
@@ -181,7 +202,9 @@ class _NodePower:
 class RackPowerTracker:
     """Rack power from the agents' node telemetry: the latest GPU power of each node.
 
-    Keys are ``row/rack``. A node silent for ``stale_after_s`` no longer counts.
+    Keys are ``row/rack``. A node silent for ``stale_after_s`` no longer counts. At most
+    ``max_nodes`` nodes are tracked (stale ones are forgotten first), so a flood of node
+    names cannot grow memory.
     """
 
     def __init__(
@@ -190,31 +213,81 @@ class RackPowerTracker:
         topics: Topics | None = None,
         racks: Collection[str] | None = None,
         stale_after_s: float = 10.0,
+        max_nodes: int = 4096,
         clock: Callable[[], float] = time.monotonic,
+        drops: DropLog | None = None,
     ) -> None:
         """Track ``racks`` (``row/rack`` keys; default: every rack heard of)."""
         self._topics = topics or Topics()
         self._racks = frozenset(racks) if racks is not None else None
         self._stale_after_s = stale_after_s
+        self._max_nodes = max_nodes
         self._clock = clock
+        self._drops = drops if drops is not None else DropLog("node_telemetry_dropped", clock=clock)
         self._nodes: dict[tuple[str, str], _NodePower] = {}  # (row/rack, node) -> power
+        self.accepted = 0
+        """Messages taken."""
+        self.ignored = 0
+        """Node telemetry of racks this tracker does not serve (normal on a shared row)."""
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Messages dropped, by reason: ``topic``, ``retained``, the ``SchemaError``'s
+        reason, ``identity``, ``capacity``, ``internal``."""
+        return self._drops.counts
 
     def feed(self, message: InMessage) -> bool:
-        """Take one message; True when it was node telemetry of a tracked rack."""
+        """Take one message; True when it was node telemetry of a tracked rack.
+
+        Total: a message that cannot be used is counted by reason, logged (rate-limited)
+        and dropped; only ``BaseException`` (cancellation) passes through.
+        """
+        try:
+            return self._feed(message)
+        except SchemaError as exc:
+            reason = getattr(exc, "reason", "schema")
+            self._drops.drop(str(reason), topic=message.topic, error=str(exc))
+        except Exception as exc:  # a bug must cost one message, not the listener
+            self._drops.drop("internal", exc=exc, topic=message.topic)
+        return False
+
+    def _feed(self, message: InMessage) -> bool:
         parsed = self._topics.parse_node(message.topic)
         if parsed is None or parsed[1] != "telemetry":
+            self._drops.drop("topic", topic=message.topic)
             return False
         addr = parsed[0]
         rack = f"{addr.row}/{addr.rack}"
         if self._racks is not None and rack not in self._racks:
+            self.ignored += 1
             return False
-        try:
-            telemetry = decode(message.payload, Telemetry)
-        except SchemaError:
+        if message.retain:  # agents never retain telemetry: this reading is old
+            self._drops.drop("retained", topic=message.topic)
             return False
-        assert isinstance(telemetry, Telemetry)  # noqa: S101 - decode(expected=Telemetry)
-        self._nodes[(rack, addr.node)] = _NodePower(telemetry.node_gpu_power_w, self._clock())
+        telemetry = decode(message.payload, Telemetry)
+        if not isinstance(telemetry, Telemetry):  # pragma: no cover - decode(expected=...)
+            self._drops.drop("schema", topic=message.topic, error="not node telemetry")
+            return False
+        if telemetry.node != addr.node:
+            self._drops.drop(
+                "identity", topic=message.topic, error=f"payload names node {telemetry.node}"
+            )
+            return False
+        key = (rack, addr.node)
+        now = self._clock()
+        if key not in self._nodes and len(self._nodes) >= self._max_nodes:
+            self._forget_stale(now)
+            if len(self._nodes) >= self._max_nodes:
+                self._drops.drop("capacity", topic=message.topic)
+                return False
+        self._nodes[key] = _NodePower(telemetry.node_gpu_power_w, now)
+        self.accepted += 1
         return True
+
+    def _forget_stale(self, now: float) -> None:
+        stale = [k for k, n in self._nodes.items() if now - n.seen_s > self._stale_after_s]
+        for key in stale:
+            del self._nodes[key]
 
     def power_w(self) -> dict[str, float]:
         """Power of each rack (W): the sum of its fresh nodes' GPU power."""
@@ -227,6 +300,10 @@ class RackPowerTracker:
 
 
 async def track_rack_power(source: Subscriber, tracker: RackPowerTracker) -> NoReturn:
-    """Feed every received message to ``tracker``, forever."""
+    """Feed every received message to ``tracker``, one at a time, forever.
+
+    ``tracker.feed`` is total, so no message ends the loop; only cancellation does.
+    """
     while True:
-        tracker.feed(await source.get())
+        message = await source.get()
+        tracker.feed(message)

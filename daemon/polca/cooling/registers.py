@@ -11,6 +11,12 @@ dotted ``CduTelemetry`` field it fills (``secondary.supply_temp_c``, ``pumps.0.s
 This module is pure: it validates maps (``ConfigError`` for a bad one), plans the fewest
 register reads that cover a map (``plan_reads``) and turns register values into a
 ``CduTelemetry`` (``assemble``). The network side is ``polca.cooling.modbus``.
+
+Decoding is total: ``decode_point`` returns a reading or a ``DecodeProblem`` for any
+register words (wrong count, words outside 16 bits, NaN or infinite floats, values outside
+the schema's bounds), never an exception, and a validated map fits the wire schema (names,
+pump and leak detector counts), so ``assemble`` of decoded values always validates. A map
+file is read through ``polca.yamlkit`` (bounded) and its floats must be finite.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from polca import yamlkit
 from polca.errors import ConfigError
 from polca.telemetry.schema import CduTelemetry
 
@@ -49,6 +56,9 @@ Unit = Literal[
 Quantity = Literal["temperature", "flow", "pressure", "power", "percent", "state"]
 
 _NAME = r"^[A-Za-z0-9_.:-]+$"
+_NAME_CHARS = 128  # the wire schema's bound on a name
+_FIELD_CHARS = 64  # longest dotted field path accepted (leak_detectors.63.state is 23)
+_ENUM_CODES = 256  # raw codes of one state map
 _WIDTH = {"uint16": 1, "int16": 1, "uint32": 2, "int32": 2, "float32": 2}
 MAX_REGISTERS_PER_READ = 125  # Modbus limit of one read-registers request
 
@@ -103,19 +113,37 @@ _STATES: dict[str, tuple[frozenset[str], str]] = {
 
 def _quantity(field: str) -> Quantity | None:
     for pattern, quantity in FIELD_PATTERNS.items():
-        if re.fullmatch(pattern, field):
+        if re.fullmatch(pattern, field, flags=re.ASCII):
             return quantity
     return None
 
 
+def _schema_max_len(field: str) -> int:
+    """The wire schema's bound on the length of ``CduTelemetry.<field>``."""
+    for item in CduTelemetry.model_fields[field].metadata:
+        max_length = getattr(item, "max_length", None)
+        if isinstance(max_length, int):
+            return max_length
+    msg = f"CduTelemetry.{field} has no max_length"  # pragma: no cover - schema invariant
+    raise AssertionError(msg)  # pragma: no cover
+
+
+# How many pumps and leak detectors a CDU message carries at most (the wire schema's bounds).
+MAX_PUMPS = _schema_max_len("pumps")
+MAX_LEAK_DETECTORS = _schema_max_len("leak_detectors")
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RegisterPoint(_Model):
     """One reading: where it sits in the device and which CduTelemetry field it fills."""
 
-    field: str = Field(description="CduTelemetry dotted path, e.g. secondary.supply_temp_c.")
+    field: str = Field(
+        max_length=_FIELD_CHARS,
+        description="CduTelemetry dotted path, e.g. secondary.supply_temp_c.",
+    )
     address: int = Field(ge=0, le=65535, description="Register address (0-based, as on the wire).")
     table: Table = Field("holding", description="holding (function 3) or input (function 4).")
     type: RegisterType = Field("uint16", description="Encoding; 32-bit types use 2 registers.")
@@ -131,7 +159,7 @@ class RegisterPoint(_Model):
         None, ge=0, le=31, description="Read one bit of an integer register (0 = LSB)."
     )
     enum: dict[int, str] | None = Field(
-        None, description="Raw value -> state, required for state fields."
+        None, max_length=_ENUM_CODES, description="Raw value -> state, required for state fields."
     )
 
     @property
@@ -190,8 +218,14 @@ class RegisterPoint(_Model):
 class ModbusCduConfig(_Model):
     """One CDU reached over Modbus TCP, and its register map."""
 
-    cdu: str = Field(pattern=_NAME, description="CDU name: the topic segment and `cdu` field.")
-    loop: str = Field(pattern=_NAME, description="The cooling loop the CDU serves.")
+    cdu: str = Field(
+        pattern=_NAME,
+        max_length=_NAME_CHARS,
+        description="CDU name: the topic segment and `cdu` field.",
+    )
+    loop: str = Field(
+        pattern=_NAME, max_length=_NAME_CHARS, description="The cooling loop the CDU serves."
+    )
     host: str = Field(description="The CDU's (or gateway's) address.")
     port: int = Field(502, ge=1, le=65535, description="Modbus TCP port.")
     device_id: int = Field(1, ge=0, le=255, description="Modbus unit / device id.")
@@ -212,10 +246,14 @@ class ModbusCduConfig(_Model):
         MAX_REGISTERS_PER_READ, ge=2, le=MAX_REGISTERS_PER_READ, description="Request size."
     )
     pumps: tuple[str, ...] = Field(
-        (), description="Pump names by index (pumps.N.*); default pump1, pump2, ..."
+        (),
+        max_length=MAX_PUMPS,
+        description="Pump names by index (pumps.N.*); default pump1, pump2, ...",
     )
     leak_detectors: tuple[str, ...] = Field(
-        (), description="Leak detector names by index; default leak1, leak2, ..."
+        (),
+        max_length=MAX_LEAK_DETECTORS,
+        description="Leak detector names by index; default leak1, leak2, ...",
     )
     points: tuple[RegisterPoint, ...] = Field(min_length=1, max_length=1024)
 
@@ -227,9 +265,16 @@ class ModbusCduConfig(_Model):
                 msg = f"field {point.field} is mapped twice"
                 raise ValueError(msg)
             seen.add(point.field)
-        for group, names in (("pumps", self.pumps), ("leak_detectors", self.leak_detectors)):
+        groups = (
+            ("pumps", self.pumps, MAX_PUMPS),
+            ("leak_detectors", self.leak_detectors, MAX_LEAK_DETECTORS),
+        )
+        for group, names, most in groups:
             indices = {int(f.split(".")[1]) for f in seen if f.startswith(group + ".")}
             count = max(len(names), max(indices, default=-1) + 1)
+            if count > most:  # also bounds the search for missing indices below
+                msg = f"{group}: index {count - 1} is beyond the {most} a CDU message carries"
+                raise ValueError(msg)
             missing = [i for i in range(count) if f"{group}.{i}.state" not in seen]
             if missing:
                 msg = (
@@ -238,15 +283,18 @@ class ModbusCduConfig(_Model):
                 )
                 raise ValueError(msg)
             for name in names:
-                if not re.fullmatch(_NAME, name):
-                    msg = f"{group} name {name!r} must match {_NAME}"
+                if len(name) > _NAME_CHARS or not re.fullmatch(_NAME, name):
+                    msg = f"{group} name {name[:_NAME_CHARS]!r} must match {_NAME}"
+                    msg += f" and have at most {_NAME_CHARS} characters"
                     raise ValueError(msg)
         return self
 
     def names(self, group: Literal["pumps", "leak_detectors"]) -> tuple[str, ...]:
         """The names of the pumps or leak detectors, by index."""
         given = self.pumps if group == "pumps" else self.leak_detectors
-        count = sum(1 for p in self.points if re.fullmatch(group + r"\.\d+\.state", p.field))
+        count = sum(
+            1 for p in self.points if re.fullmatch(group + r"\.\d+\.state", p.field, flags=re.ASCII)
+        )
         prefix = "pump" if group == "pumps" else "leak"
         return tuple(given[i] if i < len(given) else f"{prefix}{i + 1}" for i in range(count))
 
@@ -255,13 +303,18 @@ def load_map(raw: Mapping[str, Any] | Path, *, where: str = "") -> ModbusCduConf
     """Validate a register map (a mapping, or a YAML file); ``ConfigError`` if it is bad."""
     source = where
     if isinstance(raw, Path):
-        import yaml  # noqa: PLC0415 - only needed for files
-
         source = source or str(raw)
         try:
-            raw = yaml.safe_load(raw.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            msg = f"cannot read the Modbus register map {source}: {exc}"
+            text = yamlkit.read_bounded(raw).decode("utf-8")
+            raw = yamlkit.parse(text, source=source).data or {}
+        except OSError as exc:
+            msg = f"cannot read the Modbus register map {source}: {exc.strerror or exc}"
+            raise ConfigError(msg) from exc
+        except UnicodeDecodeError as exc:
+            msg = f"cannot read the Modbus register map {source}: not UTF-8 ({exc.reason})"
+            raise ConfigError(msg) from exc
+        except yamlkit.YamlError as exc:
+            msg = f"cannot read the Modbus register map {exc}"
             raise ConfigError(msg) from exc
     try:
         return ModbusCduConfig.model_validate(raw)
@@ -334,9 +387,13 @@ def decode_point(
 
     Numbers come back in polca's unit (C, L/min, kPa, kW, %), states as their name; an
     unknown state code becomes the conservative state (pump ``failed``, leak and status
-    ``critical``) and a value outside the field's bounds, or a float NaN, a
-    ``DecodeProblem``.
+    ``critical``) and a value outside the field's bounds, a float NaN or infinity, or
+    registers that are not ``point.width`` 16-bit words, a ``DecodeProblem``. Total: never
+    raises for any ``registers``.
     """
+    bad = _bad_words(point, registers)
+    if bad is not None:
+        return bad
     raw = _raw(point, registers, point.word_order or word_order)
     if point.bit is not None and isinstance(raw, int):
         raw = (raw >> point.bit) & 1
@@ -349,17 +406,38 @@ def decode_point(
             return DecodeProblem(point.field, raw, f"unknown state code, read as {fallback}")
         return state
     if isinstance(raw, float) and not math.isfinite(raw):
-        return DecodeProblem(point.field, raw, "not a number")
+        return DecodeProblem(point.field, raw, "not a number" if math.isnan(raw) else "infinite")
     value = raw * point.scale + point.offset
     if point.unit is not None:
         _, factor, shift = _UNITS[point.unit]
         value = value * factor + shift
+    if not math.isfinite(value):  # a huge scale can overflow a finite raw value
+        return DecodeProblem(point.field, raw, "overflows after scaling")
     low, high = _BOUNDS[quantity]
     if quantity == "percent" and low - _PERCENT_SLACK <= value <= high + _PERCENT_SLACK:
         value = min(high, max(low, value))
     if not low <= value <= high:
         return DecodeProblem(point.field, raw, f"{value:g} is outside [{low:g}, {high:g}]")
     return value
+
+
+def _bad_words(point: RegisterPoint, registers: Sequence[object]) -> DecodeProblem | None:
+    """A problem when ``registers`` are not ``point.width`` words of 16 bits.
+
+    Typed ``object``: a ``RegisterClient`` other than pymodbus' may hand back anything.
+    """
+    if len(registers) != point.width:
+        reason = f"expected {point.width} registers, got {len(registers)}"
+        return DecodeProblem(point.field, len(registers), reason)
+    for word in registers:
+        if isinstance(word, bool) or not isinstance(word, int) or not 0 <= word <= 0xFFFF:
+            if isinstance(word, int) and not isinstance(word, bool):
+                # str() of a huge int raises; the sign and bit length say enough
+                what = "negative" if word < 0 else f"{word.bit_length()} bits wide"
+                return DecodeProblem(point.field, -1, f"register value is {what}, not 16 bits")
+            reason = f"register value of type {type(word).__name__}, not a 16-bit word"
+            return DecodeProblem(point.field, -1, reason)
+    return None
 
 
 def _raw(point: RegisterPoint, registers: Sequence[int], word_order: WordOrder) -> int | float:

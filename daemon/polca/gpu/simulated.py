@@ -163,6 +163,7 @@ class SimulatedBackend:
         else:
             self._time_ns = time.time_ns
         self._writes_allowed = privileged
+        self._sample_fault: Exception | None = None
         self._closed = False
         self._lock = threading.Lock()
         self._t0_s = self._clock()
@@ -227,6 +228,8 @@ class SimulatedBackend:
     def sample(self, index: int) -> GpuSample:
         """Advance GPU ``index`` to now and read it, with seeded sensor noise."""
         with self._lock:
+            if self._sample_fault is not None:
+                raise self._sample_fault
             g = self._live(index)
             self._advance(g, self._clock())
             return self._read(g)
@@ -296,6 +299,15 @@ class SimulatedBackend:
                 self._advance(g, self._clock())
                 g.coolant_c = temp_c
 
+    def held(self, index: int) -> tuple[tuple[int, int] | None, int]:
+        """What GPU ``index`` holds now: its clock lock and power limit (mW).
+
+        Works after ``close()`` too, so a test can see what a daemon left behind.
+        """
+        with self._lock:
+            g = self._gpu(index)
+            return g.locked_sm_clocks_mhz, g.power_limit_mw
+
     # --- fault injection -----------------------------------------------------------------
 
     def lose_gpu(self, index: int) -> None:
@@ -312,6 +324,15 @@ class SimulatedBackend:
                 g.lost = False
                 g.power_limit_mw = self._model.tdp_mw
                 g.locked_sm_clocks_mhz = None
+
+    def fail_samples(self, exc: Exception | None) -> None:
+        """Make every ``sample()`` raise ``exc`` (None: stop), as a binding bug would.
+
+        Unlike the NVML error table's ``GpuError`` subclasses, an arbitrary exception is
+        what polca does not expect: it tests the path where a daemon fails, not a GPU.
+        """
+        with self._lock:
+            self._sample_fault = exc
 
     def deny_writes(self) -> None:
         """Make every write and ``check_write_access()`` raise ``GpuPermissionError``."""

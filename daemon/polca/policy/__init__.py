@@ -11,6 +11,7 @@ from polca.policy.engine import (
     GpuTarget,
     GpuView,
     decide,
+    tighter,
 )
 from polca.policy.ladder import LadderState, next_level
 from polca.policy.loader import (
@@ -44,4 +45,5 @@ __all__ = [
     "next_level",
     "parse_policy",
     "policy_json_schema",
+    "tighter",
 ]

@@ -235,3 +235,37 @@ def _clamp(value: int, low: int | None, high: int | None, notes: list[str], what
     if high is not None and value > high:
         value = high
     return value
+
+
+def tighter(a: GpuTarget, b: GpuTarget) -> GpuTarget:
+    """Per dimension, the more restrictive of two targets of one GPU (None is no cap).
+
+    Used where control ends (a crash, a fail-safe stop): the caps left behind are the
+    fail-safe's or the ones in force, whichever is tighter, so nothing gets less capped.
+    """
+    clock_mhz, clock_reason = _min_cap(
+        (a.sm_clock_max_mhz, a.sm_clock_reason), (b.sm_clock_max_mhz, b.sm_clock_reason)
+    )
+    power_mw, power_reason = _min_cap(
+        (a.power_limit_mw, a.power_limit_reason), (b.power_limit_mw, b.power_limit_reason)
+    )
+    return GpuTarget(
+        index=a.index,
+        uuid=a.uuid,
+        priority_class=a.priority_class,
+        sm_clock_max_mhz=clock_mhz,
+        power_limit_mw=power_mw,
+        reasons=tuple(dict.fromkeys((*a.reasons, *b.reasons))),
+        sm_clock_reason=clock_reason,
+        power_limit_reason=power_reason,
+    )
+
+
+def _min_cap(
+    a: tuple[int | None, str | None], b: tuple[int | None, str | None]
+) -> tuple[int | None, str | None]:
+    if a[0] is None:
+        return b
+    if b[0] is None or a[0] <= b[0]:
+        return a
+    return b

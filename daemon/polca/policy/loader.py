@@ -1,10 +1,12 @@
 """Read policy YAML into a ``Policy``, reporting every problem as ``FILE:LINE:COL: message``.
 
 Operators edit policies by hand, so an error must say where it is, like a compiler does.
-The text is composed into a YAML node tree (which keeps each node's position) and parsed
-into plain data; pydantic validates the data, and each error location is mapped back onto
-the node it names: the key itself for an unknown key, the enclosing mapping for a missing
-key, the value otherwise. Lines and columns are 1-based.
+The text is parsed once by ``polca.yamlkit`` (bounded in size, nesting, aliases and their
+expansion; duplicate keys refused) into a YAML node tree, which keeps each node's
+position, and the plain data built from it; pydantic validates the data, and each error
+location is mapped back onto the node it names: the key itself for an unknown key, the
+enclosing mapping for a missing key, the value otherwise. Lines and columns are 1-based.
+At most ``MAX_PROBLEMS`` problems are reported per text.
 
 ``PolicyStore`` keeps the last good policy when a reload fails (a typo must never uncap or
 overcap a fleet); it logs each outcome once, so callers need not.
@@ -23,12 +25,17 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from polca import yamlkit
 from polca.errors import PolicyError
 from polca.policy.model import KEY, RULE_ERROR_TYPE, Loc, Policy, format_loc
 
 _log = structlog.get_logger()
 
 REVISION_HEX_DIGITS = 12
+MAX_PROBLEMS = 100  # reported per text; the last line says how many more there were
+POLICY_LIMITS = yamlkit.YamlLimits(max_bytes=256 * 1024)
+"""Bounds on a policy text: a policy is a few kB, a pushed one at most 128 KiB on the wire;
+pure-Python YAML parses about 100 kB/s of hostile text, so this caps one parse near 3 s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +75,13 @@ def load_policy(path: Path) -> LoadedPolicy:
         PolicyError: the file is unreadable or invalid; ``problems`` has one line each.
     """
     try:
-        data = path.read_bytes()
+        data = yamlkit.read_bounded(path, POLICY_LIMITS)
     except OSError as exc:
         msg = f"cannot read policy file {path}: {exc.strerror or exc}"
         raise PolicyError(msg, problems=(f"{path}:1:1: {msg}",)) from exc
+    except yamlkit.YamlError as exc:
+        msg = f"cannot read policy file {exc}"
+        raise PolicyError(msg, problems=exc.lines()) from exc
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -93,7 +103,12 @@ def parse_policy(text: str, *, source: str) -> LoadedPolicy:
     Raises:
         PolicyError: the text is invalid; ``problems`` has one ``SOURCE:LINE:COL`` line each.
     """
-    return _parse(text, source=source, revision=revision_of(text.encode("utf-8")))
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a JSON "\\ud800" escape
+        msg = f"{source}: the policy is not valid Unicode: {exc.reason} at {exc.start}"
+        raise PolicyError(msg, problems=(f"{source}:1:1: {msg}",)) from exc
+    return _parse(text, source=source, revision=revision_of(data))
 
 
 def check_files(paths: Iterable[Path]) -> list[str]:
@@ -109,47 +124,22 @@ def check_files(paths: Iterable[Path]) -> list[str]:
 
 def _parse(text: str, *, source: str, revision: str) -> LoadedPolicy:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        what = " ".join(part for part in (exc.context, exc.problem) if part)
-        msg = f"{source}: invalid YAML: {what}"
-        raise PolicyError(msg, problems=(f"{source}:{line}:{col}: YAML syntax: {what}",)) from exc
-    except yaml.YAMLError as exc:
+        document = yamlkit.parse(text, source=source, limits=POLICY_LIMITS)
+    except yamlkit.YamlError as exc:
         msg = f"{source}: invalid YAML: {exc}"
-        raise PolicyError(msg, problems=(f"{source}:1:1: YAML: {exc}",)) from exc
+        raise PolicyError(msg, problems=exc.lines()) from exc
+    root = document.node
     if root is None:
         msg = f"{source}: the policy is empty"
         raise PolicyError(msg, problems=(f"{source}:1:1: the policy is empty",))
-    duplicates = list(_duplicate_keys(root, source))
-    if duplicates:
-        msg = f"{source}: duplicate keys"
-        raise PolicyError(msg, problems=tuple(duplicates))
     try:
-        policy = Policy.model_validate(data)
+        policy = Policy.model_validate(document.data)
     except ValidationError as exc:
         problems = tuple(_problems(exc, root, source))
         noun = "problem" if len(problems) == 1 else "problems"
         msg = f"{source}: invalid policy ({len(problems)} {noun})"
         raise PolicyError(msg, problems=problems) from exc
     return LoadedPolicy(policy=policy, source=source, revision=revision, text=text)
-
-
-def _duplicate_keys(node: yaml.Node, source: str) -> Iterable[str]:
-    # PyYAML silently keeps the last of two equal keys; a policy must not hide an edit.
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode):
-                if key.value in seen:
-                    yield f"{_at(source, key)}: duplicate key {key.value!r}"
-                seen.add(key.value)
-            yield from _duplicate_keys(value, source)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            yield from _duplicate_keys(item, source)
 
 
 def _problems(exc: ValidationError, root: yaml.Node, source: str) -> list[str]:
@@ -164,7 +154,11 @@ def _problems(exc: ValidationError, root: yaml.Node, source: str) -> list[str]:
         else:
             node, line = _line(source, root, err["loc"], _message(err), kind=err["type"])
             found.setdefault(line, (node.start_mark.line, node.start_mark.column))
-    return sorted(found, key=found.__getitem__)
+    ordered = sorted(found, key=found.__getitem__)
+    if len(ordered) > MAX_PROBLEMS:
+        more = len(ordered) - MAX_PROBLEMS
+        ordered = [*ordered[:MAX_PROBLEMS], f"{source}:1:1: ... and {more} more problems"]
+    return ordered
 
 
 def _message(err: ErrorDetails) -> str:

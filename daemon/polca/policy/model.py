@@ -232,6 +232,13 @@ class FailSafe(_Model):
     caps: ClassCaps = Field(
         description="Class -> caps; a class not listed is not capped. {} opts out."
     )
+    max_lease_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="The longest lease an agent grants one control message, counted on its "
+        "own monotonic clock from receipt; a longer lease is cut to this.",
+    )
 
 
 class Policy(_Model):
@@ -258,8 +265,12 @@ class Policy(_Model):
         (), description="Per-GPU temperature triggers, in parallel with the level."
     )
     fail_safe: FailSafe = Field(description="Caps while the controller's lease is not valid.")
-    on_stop: Literal["restore", "keep"] = Field(
-        "restore", description="restore: put original limits back when the agent stops."
+    on_stop: Literal["restore", "keep", "fail_safe"] = Field(
+        "restore",
+        description="What a clean, operator-asked stop leaves on the GPUs. restore: the "
+        "original limits; keep: the caps in force; fail_safe: the fail-safe caps (or the "
+        "caps in force where tighter), for oversubscribed rows. Any other exit (a crash, "
+        "a fatal error) always leaves at least the fail-safe caps.",
     )
 
     @model_validator(mode="after")

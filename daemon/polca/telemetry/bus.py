@@ -85,12 +85,19 @@ class OutMessage:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InMessage:
-    """A received message; ``received_ns`` is the wall clock (``time.time_ns()``) on arrival."""
+    """A received message, stamped on arrival by the receiver's clocks.
+
+    ``received_ns`` is the wall clock (Unix ns, for ordering and display), and
+    ``received_mono_ns`` the monotonic clock (for leases and durations). ``retain`` is set
+    only for a retained message delivered because of a new subscription (MQTT clears it
+    on delivery to an established one), so it marks messages of unknown age.
+    """
 
     topic: str
     payload: bytes
     retain: bool
     received_ns: int
+    received_mono_ns: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,8 +162,12 @@ class MqttBus:
         subscriptions: Sequence[tuple[str, int]] = (),
         birth: Callable[[], Sequence[OutMessage]] | None = None,
         logger: FilteringBoundLogger | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        mono_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self._settings = settings
+        self._clock_ns = clock_ns
+        self._mono_ns = mono_ns
         self._client_id = client_id
         self._will = will
         self._subscriptions = tuple(subscriptions)
@@ -433,7 +444,8 @@ class MqttBus:
                     topic=message.topic.value,
                     payload=bytes(message.payload),
                     retain=bool(message.retain),
-                    received_ns=time.time_ns(),
+                    received_ns=self._clock_ns(),
+                    received_mono_ns=self._mono_ns(),
                 )
             )
 

@@ -2,57 +2,99 @@
 
 Every payload is a JSON object with ``schema_version`` (an unknown version is rejected,
 loudly), a ``kind`` discriminator and ``ts_ns`` (Unix time in nanoseconds). Values carry
-their unit in the key (``power_w``, ``temp_c``, ``sm_clock_mhz``). Received payloads are
-validated strictly (unknown keys rejected, bounded sizes); ``decode()`` turns every
-problem into one ``SchemaError`` so a malformed message can be counted and dropped.
-``docs/mqtt.md`` embeds the JSON Schema of every payload, generated from these models.
+their unit in the key (``power_w``, ``temp_c``, ``sm_clock_mhz``). ``docs/mqtt.md`` embeds
+the JSON Schema of every payload, generated from these models.
+
+Received payloads are hostile until validated. ``decode()`` is total: it returns a valid
+model or raises ``SchemaError`` (a subclass names the drop reason), never anything else.
+The payload is bounded before parsing (``MAX_PAYLOAD_BYTES``) and parsed straight into the
+models by pydantic's JSON parser, which bounds nesting depth and refuses invalid UTF-8 and
+lone surrogates. Validation is strict on the wire: no string or bool coerced to a number,
+``schema_version`` the integer 1 exactly, finite floats only, integers within int64, every
+string, list and map bounded, unknown keys rejected. What the decoder cannot judge alone
+(identity against the topic, timestamps against the receiver's clock) is checked by
+``polca.telemetry.checks``.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, Literal
+import math
+from typing import Annotated, Any, Literal, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+
+from polca.errors import OversizedError, SchemaError, SchemaVersionError
 
 SCHEMA_VERSION = 1
 MAX_PAYLOAD_BYTES = 256 * 1024
+INT64_MAX = 2**63 - 1
+"""Largest integer accepted on the wire (timestamps, sequence numbers, counters)."""
+
+MAX_DETAIL_DEPTH = 8
+"""Nesting depth allowed inside an event's free-form ``detail``."""
 
 _Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 _Watts = Annotated[float, Field(ge=0, le=1e7)]
 _Temp = Annotated[float, Field(ge=-60, le=300)]
 _Mhz = Annotated[int, Field(ge=0, le=100_000)]
+_Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+_Ns = Annotated[int, Field(ge=0, le=INT64_MAX)]
+_Level = Annotated[int, Field(ge=0, le=64)]
+_Label = Annotated[str, Field(max_length=64)]
 
+# Strict on the wire (``decode`` validates with strict=True); lax for polca's own objects.
+# Non-finite floats are refused in both.
+_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-class SchemaError(ValueError):
-    """A payload that is not valid JSON, too large, of an unknown version or shape."""
+__all__ = ["INT64_MAX", "MAX_PAYLOAD_BYTES", "SCHEMA_VERSION", "SchemaError", "decode", "encode"]
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
     schema_version: Literal[1] = 1
-    ts_ns: int = Field(ge=0, description="Unix time of the message in nanoseconds.")
+    ts_ns: _Ns = Field(description="Unix time of the message in nanoseconds.")
+
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _exact_version(cls, value: object) -> object:
+        # Literal[1] would also take true and 1.0 (they compare equal to 1).
+        if type(value) is not int:
+            msg = f"schema_version must be the integer {SCHEMA_VERSION}"
+            raise ValueError(msg)
+        return value
 
 
 class GpuTelemetry(BaseModel):
     """One GPU over one publish interval (min/mean/max over the samples taken)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
     index: int = Field(ge=0, le=1023)
     uuid: _Name
     name: str = Field(max_length=128)
     priority_class: _Name | None = None
     state: Literal["ok", "lost", "error"] = "ok"
-    samples: int = Field(0, ge=0, description="Samples aggregated into this message.")
+    samples: _Count = Field(0, description="Samples aggregated into this message.")
     power_w: _Watts | None = Field(None, description="Last instantaneous power.")
     power_min_w: _Watts | None = None
     power_mean_w: _Watts | None = None
     power_max_w: _Watts | None = None
     power_avg_w: _Watts | None = Field(None, description="Driver-averaged power (about 1 s).")
-    energy_j: float | None = Field(None, ge=0, description="Energy counter since driver load.")
-    energy_delta_j: float | None = Field(None, ge=0, description="Energy over the interval.")
+    energy_j: float | None = Field(
+        None, ge=0, le=1e18, description="Energy counter since driver load."
+    )
+    energy_delta_j: float | None = Field(
+        None, ge=0, le=1e12, description="Energy over the interval."
+    )
     gpu_temp_c: _Temp | None = None
     gpu_temp_max_c: _Temp | None = None
     mem_temp_c: _Temp | None = None
@@ -62,35 +104,44 @@ class GpuTelemetry(BaseModel):
     mem_util_pct: float | None = Field(None, ge=0, le=100)
     power_limit_w: _Watts | None = None
     enforced_power_limit_w: _Watts | None = None
-    clock_event_reasons: int | None = Field(None, ge=0, description="NVML bitmask, OR-ed.")
-    clock_events: tuple[str, ...] = Field((), description="Names of the bits set.")
+    clock_event_reasons: _Count | None = Field(None, description="NVML bitmask, OR-ed.")
+    clock_events: tuple[_Label, ...] = Field(
+        (), max_length=64, description="Names of the bits set."
+    )
     locked_sm_clock_max_mhz: _Mhz | None = None
 
 
 class AgentHealth(BaseModel):
     """The agent's own health counters, published with telemetry."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
-    ticks: int = Field(0, ge=0)
-    tick_p99_ms: float | None = Field(None, ge=0)
-    gpu_call_p99_ms: float | None = Field(None, ge=0)
-    outbox_dropped: int = Field(0, ge=0)
-    inbox_dropped: int = Field(0, ge=0)
-    control_rejected: int = Field(0, ge=0)
-    reconnects: int = Field(0, ge=0)
+    ticks: _Count = 0
+    tick_p99_ms: float | None = Field(None, ge=0, le=1e9)
+    gpu_call_p99_ms: float | None = Field(None, ge=0, le=1e9)
+    outbox_dropped: _Count = 0
+    inbox_dropped: _Count = 0
+    control_rejected: _Count = 0
+    reconnects: _Count = 0
+    clock_skew_s: float | None = Field(
+        None,
+        ge=-1e9,
+        le=1e9,
+        description="This node's clock minus its controller's, from the last live control "
+        "message (includes the broker's latency).",
+    )
 
 
 class Telemetry(_Wire):
     """``.../<node>/telemetry``: one message per node per publish interval, QoS 0."""
 
     kind: Literal["telemetry"] = "telemetry"
-    seq: int = Field(ge=0)
+    seq: _Count
     node: _Name
     interval_s: float = Field(gt=0, le=3600)
     node_gpu_power_w: _Watts = Field(description="Sum of the GPUs' mean power.")
-    node_energy_delta_j: float = Field(ge=0)
-    level: int = Field(0, ge=0, le=64, description="Control level in force.")
+    node_energy_delta_j: float = Field(ge=0, le=1e12)
+    level: _Level = Field(0, description="Control level in force.")
     fail_safe: bool = False
     gpus: tuple[GpuTelemetry, ...] = Field(max_length=1024)
     health: AgentHealth = Field(default_factory=AgentHealth)
@@ -108,21 +159,29 @@ class Status(_Wire):
     observe_only: bool = False
     policy_name: str | None = Field(None, max_length=128)
     policy_revision: str | None = Field(None, max_length=64)
-    started_ns: int | None = Field(None, ge=0)
-    reason: str | None = Field(None, max_length=256, description="Why offline, when known.")
+    started_ns: _Ns | None = None
+    reason: str | None = Field(
+        None, max_length=256, description="Why offline, when known; or a crash loop when online."
+    )
+    clock_skew_s: float | None = Field(
+        None,
+        ge=-1e9,
+        le=1e9,
+        description="Clock skew against the controller, when beyond the tolerance.",
+    )
 
 
 class GpuCaps(BaseModel):
     """The caps in force on one GPU and why."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
     index: int = Field(ge=0, le=1023)
     uuid: _Name
     priority_class: _Name
     sm_clock_max_mhz: _Mhz | None
     power_limit_w: _Watts | None
-    reasons: tuple[str, ...] = ()
+    reasons: tuple[_Label, ...] = Field((), max_length=64)
     applied: bool = True
     error: str | None = Field(None, max_length=512)
 
@@ -131,13 +190,13 @@ class State(_Wire):
     """``.../<node>/state``: retained, QoS 1: the caps in force on every GPU and why."""
 
     kind: Literal["state"] = "state"
-    seq: int = Field(ge=0)
+    seq: _Count
     node: _Name
-    level: int = Field(ge=0, le=64)
+    level: _Level
     fail_safe: bool
     observe_only: bool = False
-    lease_expires_ns: int | None = Field(None, ge=0)
-    control_seq: int | None = Field(None, ge=0)
+    lease_expires_ns: _Ns | None = None
+    control_seq: _Count | None = None
     policy_revision: str | None = Field(None, max_length=64)
     gpus: tuple[GpuCaps, ...] = Field(max_length=1024)
 
@@ -146,12 +205,18 @@ class Event(_Wire):
     """``.../<node>/events``: QoS 1, one per notable change (cap applied, GPU lost, ...)."""
 
     kind: Literal["event"] = "event"
-    seq: int = Field(ge=0)
+    seq: _Count
     node: _Name
     event: _Name
     gpu: int | None = Field(None, ge=0, le=1023)
     uuid: _Name | None = None
-    detail: dict[str, Any] = Field(default_factory=dict)
+    detail: dict[_Label, JsonValue] = Field(default_factory=dict, max_length=64)
+
+    @field_validator("detail")
+    @classmethod
+    def _bounded_detail(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        _check_json(value, depth=0)
+        return value
 
 
 class Control(_Wire):
@@ -159,8 +224,9 @@ class Control(_Wire):
 
     Ordering: a message is newer when ``(epoch_ns, seq)`` is greater than the last one
     accepted for the same scope; ``epoch_ns`` is the issuer's start time, so a restarted
-    controller supersedes its predecessor. The lease ends at ``lease_expires_ns``, and no
-    later than ``lease_expires_ns - issued_ns`` after receipt (guards against clock skew).
+    controller supersedes its predecessor. The lease lasts ``lease_expires_ns - issued_ns``
+    from receipt on the agent's monotonic clock, cut to the policy's maximum; wall clocks
+    only order messages and age retained ones (docs/mqtt.md, "Control and leases").
     """
 
     kind: Literal["control"] = "control"
@@ -168,12 +234,12 @@ class Control(_Wire):
     row: _Name
     rack: _Name | None = None
     issuer: _Name
-    epoch_ns: int = Field(ge=0)
-    seq: int = Field(ge=0)
-    level: int = Field(ge=0, le=64)
+    epoch_ns: _Ns
+    seq: _Count
+    level: _Level
     level_name: str = Field("", max_length=64)
-    issued_ns: int = Field(ge=0)
-    lease_expires_ns: int = Field(ge=0)
+    issued_ns: _Ns
+    lease_expires_ns: _Ns
     policy_revision: str | None = Field(None, max_length=64)
     observe: bool = Field(False, description="Shadow mode: agents log but do not apply.")
     reason: str = Field("", max_length=512)
@@ -186,8 +252,10 @@ class Assignment(_Wire):
     """
 
     kind: Literal["assignment"] = "assignment"
-    seq: int = Field(0, ge=0)
-    classes: dict[str, _Name] = Field(max_length=1024)
+    seq: _Count = 0
+    classes: dict[Annotated[str, Field(min_length=1, max_length=128)], _Name] = Field(
+        max_length=1024
+    )
 
 
 class Meter(_Wire):
@@ -195,7 +263,7 @@ class Meter(_Wire):
 
     kind: Literal["meter"] = "meter"
     power_w: _Watts
-    energy_j: float | None = Field(None, ge=0, description="Meter energy counter, if any.")
+    energy_j: float | None = Field(None, ge=0, le=1e18, description="Meter energy counter, if any.")
 
 
 class PolicyBundle(_Wire):
@@ -216,16 +284,16 @@ class PolicyBundle(_Wire):
 class RackSummary(BaseModel):
     """One rack inside a row summary."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
     rack: _Name
     power_w: _Watts
     budget_w: _Watts | None = Field(None, description="Effective: electrical or thermal.")
     thermal_budget_w: _Watts | None = Field(None, description="From its cooling loop.")
-    level: int = Field(0, ge=0, le=64, description="Rack-scope level, when it has one.")
-    nodes_online: int = Field(ge=0)
-    nodes_stale: int = Field(ge=0)
-    nodes_offline: int = Field(ge=0)
+    level: _Level = Field(0, description="Rack-scope level, when it has one.")
+    nodes_online: _Count
+    nodes_stale: _Count
+    nodes_offline: _Count
 
 
 class RowSummary(_Wire):
@@ -238,11 +306,11 @@ class RowSummary(_Wire):
     power_source: Literal["computed", "meter"]
     budget_w: _Watts
     effective_budget_w: _Watts
-    level: int = Field(ge=0, le=64)
+    level: _Level
     level_name: str = Field("", max_length=64)
-    thresholds_w: tuple[float, ...] = ()
+    thresholds_w: tuple[float, ...] = Field((), max_length=64)
     trend_w_per_s: float | None = None
-    lease_expires_ns: int | None = Field(None, ge=0)
+    lease_expires_ns: _Ns | None = None
     observe: bool = False
     racks: tuple[RackSummary, ...] = Field((), max_length=1024)
     offline_nodes: tuple[_Name, ...] = Field((), max_length=4096)
@@ -256,7 +324,7 @@ class CoolantConnector(BaseModel):
     facility water. Every reading is optional: a CDU reports what it measures.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
     supply_temp_c: _Temp | None = Field(None, description="Redfish SupplyTemperatureCelsius.")
     return_temp_c: _Temp | None = Field(None, description="Redfish ReturnTemperatureCelsius.")
@@ -274,7 +342,7 @@ class CoolantConnector(BaseModel):
 class Pump(BaseModel):
     """One CDU pump (Redfish ``Pump``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
     name: _Name
     state: Literal["running", "standby", "failed", "off"]
@@ -284,7 +352,7 @@ class Pump(BaseModel):
 class LeakDetector(BaseModel):
     """One leak detector (Redfish ``LeakDetector``; ``DetectorState`` OK/Warning/Critical)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
     name: _Name
     state: Literal["ok", "warning", "critical"]
@@ -313,7 +381,7 @@ class CduTelemetry(_Wire):
 class LoopAlarm(BaseModel):
     """One active alarm of a cooling loop."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _CONFIG
 
     alarm: _Name
     severity: Literal["warning", "degraded", "critical"]
@@ -339,7 +407,7 @@ class CoolingLoopState(_Wire):
     alarms: tuple[LoopAlarm, ...] = Field((), max_length=64)
     emergency: bool = False
     stale: bool = False
-    forced_levels: dict[str, int] = Field(default_factory=dict, max_length=1024)
+    forced_levels: dict[_Name, _Level] = Field(default_factory=dict, max_length=1024)
 
 
 class CoolingAlarm(_Wire):
@@ -378,32 +446,90 @@ def encode(message: BaseModel) -> bytes:
     return message.model_dump_json(exclude_none=False).encode()
 
 
-def decode(payload: bytes, expected: type[Message] | None = None) -> Message:
-    """Parse and validate a payload; raise ``SchemaError`` describing what is wrong."""
+_M = TypeVar("_M", bound=BaseModel)
+
+
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type", "model_class"})
+
+
+class _Envelope(BaseModel):
+    """Only the version, to tell an unknown version from a malformed payload."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_version: Literal[1]
+
+
+@overload
+def decode(payload: bytes) -> Message: ...
+
+
+@overload
+def decode(payload: bytes, expected: type[_M]) -> _M: ...
+
+
+def decode(payload: bytes, expected: type[BaseModel] | None = None) -> BaseModel:
+    """Parse and validate a payload (of kind ``expected``, else any kind); total.
+
+    Raises:
+        SchemaError: for every problem, never another exception; ``OversizedError`` before
+            parsing, ``SchemaVersionError`` for an unknown version.
+    """
     if len(payload) > MAX_PAYLOAD_BYTES:
         msg = f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}"
-        raise SchemaError(msg)
-    try:
-        raw = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        msg = f"not JSON: {exc}"
-        raise SchemaError(msg) from exc
-    if not isinstance(raw, dict):
-        msg = f"expected a JSON object, got {type(raw).__name__}"
-        raise SchemaError(msg)
-    version = raw.get("schema_version")
-    if version != SCHEMA_VERSION:
-        msg = f"unsupported schema_version {version!r} (this polca speaks {SCHEMA_VERSION})"
-        raise SchemaError(msg)
+        raise OversizedError(msg)
     try:
         if expected is not None:
-            return expected.model_validate(raw)
-        return _ADAPTER.validate_python(raw)
+            return expected.model_validate_json(payload, strict=True)
+        return _ADAPTER.validate_json(payload, strict=True)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "<root>"
-        msg = f"{exc.error_count()} schema error(s), first at {where}: {first['msg']}"
+        raise _schema_error(payload, exc) from exc
+    except (ValueError, TypeError, RecursionError) as exc:
+        # Not expected from pydantic's parser; the decoder stays total regardless.
+        msg = f"undecodable payload: {type(exc).__name__}: {exc}"
         raise SchemaError(msg) from exc
+
+
+def _schema_error(payload: bytes, exc: ValidationError) -> SchemaError:
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return SchemaError(f"not JSON: {first['msg']}")
+    if first["loc"] == () and first["type"] in _NOT_AN_OBJECT:
+        return SchemaError(f"expected a JSON object: {first['msg']}")
+    try:
+        _Envelope.model_validate_json(payload, strict=True)
+    except ValidationError as env:
+        error = env.errors(include_url=False)[0]
+        if error["loc"] == ("schema_version",):
+            seen = "none" if error["type"] == "missing" else repr(error["input"])[:32]
+            return SchemaVersionError(
+                f"unsupported schema_version {seen} (this polca speaks {SCHEMA_VERSION})"
+            )
+    where = ".".join(str(p) for p in first["loc"]) or "<root>"
+    return SchemaError(f"{exc.error_count()} schema error(s), first at {where}: {first['msg']}")
+
+
+def _check_json(value: JsonValue, *, depth: int) -> None:
+    """Bound free-form JSON: nesting depth, finite numbers, string length."""
+    if depth > MAX_DETAIL_DEPTH:
+        msg = f"nested deeper than {MAX_DETAIL_DEPTH} levels"
+        raise ValueError(msg)
+    if isinstance(value, float) and not math.isfinite(value):
+        msg = "numbers must be finite"
+        raise ValueError(msg)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        msg = "integers must fit in 64 bits"
+        raise ValueError(msg)
+    if isinstance(value, str) and len(value) > 4096:
+        msg = "strings must be at most 4096 characters"
+        raise ValueError(msg)
+    if isinstance(value, list):
+        for item in value:
+            _check_json(item, depth=depth + 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_json(key, depth=depth + 1)
+            _check_json(item, depth=depth + 1)
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:

@@ -25,11 +25,11 @@ from typing import Literal
 NodeChannel = Literal["telemetry", "status", "state", "events", "assign"]
 NODE_CHANNELS: tuple[NodeChannel, ...] = ("telemetry", "status", "state", "events", "assign")
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")
+_SEGMENT = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def _check_segment(kind: str, value: str) -> str:
-    if not _SEGMENT.match(value):
+    if not _SEGMENT.fullmatch(value):
         msg = f"invalid {kind} topic segment {value!r}: use letters, digits, '_', '.', '-'"
         raise ValueError(msg)
     return value

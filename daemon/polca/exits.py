@@ -1,0 +1,169 @@
+"""How the last runs of a daemon ended: tells a crash loop from one crash.
+
+systemd restarts a failed daemon (``Restart=on-failure``); a failure that repeats on every
+start (a poisoned input, a broken disk) would otherwise spin quietly. Each daemon keeps
+``<state_dir>/exits.json``: whether a run is in progress and the failures that ended the
+last runs. At start-up, a run still marked in progress ended without saying how (SIGKILL,
+out of memory, power loss) and is recorded as ``killed``; the same failure ending the last
+N runs in a row is a crash loop, which the daemon reports (log, systemd ``STATUS=``, its
+MQTT status) instead of starting as if nothing happened. A clean stop clears the record.
+
+The file is the daemon's own, but it is read as hostile anyway: anything unreadable or
+malformed is logged and replaced, never fatal. Writes are atomic (temporary file, rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+EXITS_FILE = "exits.json"
+KILLED = "killed: the previous run ended without a clean stop (SIGKILL, OOM, power loss)"
+_KEEP = 16
+_FAILURE_CHARS = 200
+_MAX_FILE_BYTES = 64 * 1024
+
+__all__ = ["KILLED", "ExitRecord", "Streak", "describe_failure"]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A short, stable description of what ended a run: the first leaf's type and message."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:_FAILURE_CHARS]
+
+
+@dataclass(frozen=True, slots=True)
+class Streak:
+    """The failure that ended the most recent runs, and how many runs in a row."""
+
+    failure: str
+    count: int
+
+    @property
+    def text(self) -> str:
+        """One line for systemd's ``STATUS=`` and the MQTT status ``reason`` (<= 256)."""
+        return f"crash loop: {self.failure} ({self.count} runs)"[:256]
+
+
+class ExitRecord:
+    """The exits file of one daemon (construction does no I/O)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        logger: Any = None,
+    ) -> None:
+        """Keep the record in ``state_dir``; log through ``logger``."""
+        self.path = state_dir / EXITS_FILE
+        self._clock_ns = clock_ns
+        self._log: Any = logger if logger is not None else structlog.get_logger()
+        self._exits: list[dict[str, object]] = []
+
+    def start_reporting(self, *, crash_loop_after: int) -> Streak | None:
+        """Note that a run begins and log how the last ones ended; the crash loop, if any.
+
+        A streak of ``crash_loop_after`` runs or more is a crash loop: logged as an error
+        (``crash_loop``) and returned for the daemon to show in its status. A shorter one
+        is a warning (``previous_run_failed``).
+        """
+        streak = self.start()
+        if streak is None:
+            return None
+        if streak.count < crash_loop_after:
+            self._log.warning("previous_run_failed", failure=streak.failure, runs=streak.count)
+            return None
+        self._log.error(
+            "crash_loop",
+            failure=streak.failure,
+            runs=streak.count,
+            hint="the same failure ended the last runs; see the log lines before each",
+        )
+        return streak
+
+    def start(self) -> Streak | None:
+        """Note that a run begins; return the streak of failures that ended the last runs."""
+        running, exits = self._read()
+        if running:
+            exits.append({"ts_ns": self._now_ns(), "failure": KILLED})
+        self._exits = exits[-_KEEP:]
+        self._write(running=True)
+        return self.streak()
+
+    def streak(self) -> Streak | None:
+        """The failure that ended the latest runs and its count, or None after a clean stop."""
+        if not self._exits:
+            return None
+        last = self._exits[-1]["failure"]
+        count = 0
+        for entry in reversed(self._exits):
+            if entry["failure"] != last:
+                break
+            count += 1
+        return Streak(str(last), count)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record how the run inside ends: ``stopped`` when it returns, else ``crashed``."""
+        try:
+            yield
+        except BaseException as exc:
+            self.crashed(describe_failure(exc))
+            raise
+        self.stopped()
+
+    def crashed(self, failure: str) -> None:
+        """Record that this run ended with ``failure``."""
+        self._exits.append({"ts_ns": self._now_ns(), "failure": failure[:_FAILURE_CHARS]})
+        self._exits = self._exits[-_KEEP:]
+        self._write(running=False)
+
+    def stopped(self) -> None:
+        """Record a clean stop: the streak is over."""
+        self._exits = []
+        self._write(running=False)
+
+    def _now_ns(self) -> int:
+        return self._clock_ns()
+
+    def _read(self) -> tuple[bool, list[dict[str, object]]]:
+        try:
+            if self.path.stat().st_size > _MAX_FILE_BYTES:
+                msg = f"larger than {_MAX_FILE_BYTES} bytes"
+                raise ValueError(msg)  # noqa: TRY301 - one handler for every bad file
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            running = raw["running"]
+            exits = [
+                {"ts_ns": int(e["ts_ns"]), "failure": str(e["failure"])[:_FAILURE_CHARS]}
+                for e in raw["exits"]
+            ]
+            if not isinstance(running, bool):
+                msg = "running is not a boolean"
+                raise TypeError(msg)  # noqa: TRY301
+        except FileNotFoundError:
+            return False, []
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+            self._log.warning("exit_record_unreadable", path=str(self.path), error=str(exc))
+            return False, []
+        return running, exits
+
+    def _write(self, *, running: bool) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"running": running, "exits": self._exits}), "utf-8")
+            tmp.replace(self.path)
+        except OSError as exc:
+            self._log.warning("exit_record_not_saved", path=str(self.path), error=str(exc))
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)

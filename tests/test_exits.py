@@ -1,0 +1,65 @@
+"""The exit record: crash streaks, kills, clean stops, and a hostile file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from polca.exits import EXITS_FILE, KILLED, ExitRecord, Streak, describe_failure
+
+
+def test_the_same_failure_in_a_row_makes_a_streak(tmp_path: Path) -> None:
+    """Three runs ended by one failure give a streak of three; another failure resets it."""
+    for run in range(3):
+        record = ExitRecord(tmp_path)
+        streak = record.start()
+        assert streak == (Streak("RuntimeError: boom", run) if run else None)
+        record.crashed("RuntimeError: boom")
+    again = ExitRecord(tmp_path)
+    assert again.start() == Streak("RuntimeError: boom", 3)
+    again.crashed("OSError: disk")
+    assert ExitRecord(tmp_path).start() == Streak("OSError: disk", 1)
+
+
+def test_a_run_that_never_said_how_it_ended_was_killed(tmp_path: Path) -> None:
+    """A run still marked running at the next start is recorded as killed."""
+    ExitRecord(tmp_path).start()  # then SIGKILL: nothing more is written
+    assert ExitRecord(tmp_path).start() == Streak(KILLED, 1)
+
+
+def test_a_clean_stop_clears_the_streak(tmp_path: Path) -> None:
+    """After a clean stop the next start reports nothing."""
+    record = ExitRecord(tmp_path)
+    record.start()
+    record.crashed("X: y")
+    record = ExitRecord(tmp_path)
+    record.start()
+    record.stopped()
+    assert ExitRecord(tmp_path).start() is None
+
+
+def test_a_hostile_record_is_replaced_not_fatal(tmp_path: Path) -> None:
+    """Garbage, wrong types, deep nesting and a huge file are logged and replaced."""
+    for text in ("{not json", '{"running": 1, "exits": []}', "[" * 100_000, "x" * 100_000):
+        (tmp_path / EXITS_FILE).write_text(text, encoding="utf-8")
+        with capture_logs() as logs:
+            assert ExitRecord(tmp_path).start() is None
+        assert [e["event"] for e in logs] == ["exit_record_unreadable"]
+        assert json.loads((tmp_path / EXITS_FILE).read_text(encoding="utf-8"))["running"]
+
+
+def test_an_unwritable_state_dir_is_logged_not_fatal(tmp_path: Path) -> None:
+    """A record that cannot be saved is a warning; the daemon carries on."""
+    blocker = tmp_path / "file"
+    blocker.write_text("", encoding="utf-8")
+    with capture_logs() as logs:
+        assert ExitRecord(blocker / "state").start() is None
+    assert "exit_record_not_saved" in [e["event"] for e in logs]
+
+
+def test_failures_are_described_by_their_first_leaf() -> None:
+    """An ExceptionGroup is described by its first leaf, on one line."""
+    group = ExceptionGroup("tasks", [ValueError("bad\nsecond line"), OSError("x")])
+    assert describe_failure(group) == "ValueError: bad"
