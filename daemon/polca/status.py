@@ -18,6 +18,9 @@ from polca.telemetry.bus import InMessage, MqttBus
 from polca.telemetry.schema import Control, RowSummary, SchemaError, State, Status, decode
 from polca.telemetry.topics import Topics
 
+MAX_ENTRIES = 200_000
+"""Retained messages kept at most (every map here is keyed by strings from the broker)."""
+
 
 @dataclass(slots=True)
 class Snapshot:
@@ -28,11 +31,21 @@ class Snapshot:
     statuses: dict[tuple[str, str, str, str], Status] = field(default_factory=dict)
     states: dict[tuple[str, str, str, str], State] = field(default_factory=dict)
     aggregators: dict[tuple[str, str], Status] = field(default_factory=dict)
-    rejected: int = 0
+    rejected: int = 0  # malformed, naming another node than the topic, or beyond the bound
 
     def add(self, topics: Topics, message: InMessage) -> None:
         """File one retained message under its place."""
         if not message.payload:
+            return
+        known = (
+            len(self.summaries)
+            + len(self.controls)
+            + len(self.statuses)
+            + len(self.states)
+            + len(self.aggregators)
+        )
+        if known >= MAX_ENTRIES:
+            self.rejected += 1  # a broker holding more than any site has: keep what we have
             return
         try:
             payload = decode(message.payload)
@@ -43,6 +56,9 @@ class Snapshot:
         parsed = topics.parse_node(message.topic)
         if parsed is not None:
             addr, _ = parsed
+            if getattr(payload, "node", addr.node) != addr.node:
+                self.rejected += 1  # a payload speaking for another node than its topic
+                return
             key = (addr.site, addr.row, addr.rack, addr.node)
             if isinstance(payload, Status):
                 self.statuses[key] = payload
