@@ -94,6 +94,6 @@ def test_oversized_policy_file_is_refused_before_parsing(write_policy: WritePoli
     path = write_policy("# " + "x" * (2 * 1024 * 1024) + "\n" + BASE_YAML)
     out, err = io.StringIO(), io.StringIO()
     assert run_check([path], out=out, err=err) == 1
-    assert err.getvalue() == f"{path}:1:1: YAML larger than 262144 bytes\n"
-    with pytest.raises(PolicyError, match="larger than 262144 bytes"):
-        parse_policy("# " + "x" * 300_000 + "\n" + BASE_YAML, source="mqtt:p")
+    assert err.getvalue() == f"{path}:1:1: YAML larger than 65536 bytes\n"
+    with pytest.raises(PolicyError, match="larger than 65536 bytes"):
+        parse_policy("# " + "x" * 70_000 + "\n" + BASE_YAML, source="mqtt:p")

@@ -38,6 +38,8 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 INT64_MAX = 2**63 - 1
 """Largest integer accepted on the wire (timestamps, sequence numbers, counters)."""
 
+MAX_POLICY_TEXT_CHARS = 64 * 1024
+"""A policy bundle's text, as ``polca.policy.loader.MAX_POLICY_BYTES`` bounds a policy file."""
 MAX_DETAIL_DEPTH = 8
 """Nesting depth allowed inside an event's free-form ``detail``."""
 
@@ -277,7 +279,7 @@ class PolicyBundle(_Wire):
     kind: Literal["policy"] = "policy"
     name: str = Field(max_length=128)
     revision: str = Field(pattern=r"^[0-9a-f]{12}$")
-    text: str = Field(max_length=MAX_PAYLOAD_BYTES // 2)
+    text: str = Field(max_length=MAX_POLICY_TEXT_CHARS)
     source: str = Field("", max_length=512, description="Where the aggregator read it.")
 
 
