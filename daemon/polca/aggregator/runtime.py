@@ -272,7 +272,7 @@ class Aggregator:
             name=loaded.policy.name,
             revision=loaded.revision,
             text=loaded.text,
-            source=loaded.source,
+            source=loaded.source[-512:],  # the wire bound; the end of a path says most
         )
         payload = encode(bundle)
         self._published_revision = loaded.revision
