@@ -79,3 +79,14 @@ def test_agent_with_invalid_policy_refuses_to_start(tmp_path: Path) -> None:
     )
     assert result.returncode == 78
     assert f"{policy}:" in result.stdout
+
+
+def test_config_show_refuses_a_secret_in_yaml_without_a_traceback(tmp_path: Path) -> None:
+    """A password in the YAML (any case) is one clear line on stderr and exit 78."""
+    config = tmp_path / "agent.yaml"
+    config.write_text("MQTT:\n  PassWord: hunter2\n", encoding="utf-8")
+    result = _polca("config", "show", "--config", str(config))
+    assert result.returncode == 78
+    assert "Traceback" not in result.stderr
+    assert "is not allowed in the configuration file" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout

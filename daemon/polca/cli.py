@@ -195,7 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.config_command == "docs":
             sys.stdout.write(settings_docs.render())
             return 0
-        return settings_docs.show(args.config, out=sys.stdout)
+        try:
+            return settings_docs.show(args.config, out=sys.stdout)
+        except FatalError as exc:
+            sys.stderr.write(f"polca config show: {exc}\n")
+            return EX_CONFIG
     return _run_service(args)
 
 
