@@ -46,8 +46,8 @@ async def run(trials: int) -> dict[str, Any]:  # noqa: PLR0915 - one linear meas
 
     from polca.agent.runtime import Agent
     from polca.aggregator.config import AggregatorSettings, NodeSpec, RackSpec, RowSpec
-    from polca.aggregator.cooling_config import CoolingSettings
     from polca.aggregator.runtime import Aggregator
+    from polca.cooling.loops import CoolingSettings
     from polca.gpu.simulated import SimulatedBackend
     from polca.policy import PolicyStore
     from polca.settings import AgentSettings, MqttSettings, Settings, TopicSettings

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from polca.gpu.trace import Trace
 from polca.policy import load_policy
 from polca.sim.model import ACTUATION_PRESETS_S
 from polca.sim.scenario import Scenario, row_config, run_once, workload
 from polca.sim.workload import load_trace
+from polca.workload.trace import Trace
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_S = 30.0

@@ -111,10 +111,10 @@ def _fuzz_handlers(rng: random.Random, payloads: int) -> tuple[int, int]:
             for topic in _aggregator_topics():
                 handled += 1
                 try:
-                    aggregator.intake.handle(InMessage(topic, payload, i % 2 == 0, now, 1), 1.0)
+                    aggregator.handle_message(InMessage(topic, payload, i % 2 == 0, now, 1))
                 except Exception:
                     crashes += 1
-        crashes += agent.drops.counts["internal"] + aggregator.intake.dropped["internal"]
+        crashes += agent.core.drops.counts["internal"] + aggregator.intake.dropped["internal"]
     return handled, crashes
 
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from polca.aggregator.config import AggregatorSettings
-from polca.aggregator.sink import resolve_token
+from polca.export.influx import resolve_token
 from polca.settings import load_settings_as
 from tests.systemd_units import (
     CONTAINER_NOISE,

@@ -8,12 +8,13 @@ error so the owning TaskGroup tears everything down instead of running half a da
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import signal
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -43,12 +44,39 @@ async def guard(name: str, coro: Coroutine[Any, Any, object]) -> None:
 def backoff_delays(
     min_s: float, max_s: float, *, rng: random.Random | None = None
 ) -> Iterator[float]:
-    """Exponential delays with full jitter: uniform(0, min(max_s, min_s * 2**n))."""
+    """The one retry schedule of polca: the n-th delay is uniform(min_s / 2, ceiling).
+
+    ``ceiling`` doubles from ``min_s`` to ``max_s``. Jittered, so a fleet that lost its
+    broker or database at once does not come back in lockstep; floored at half the minimum,
+    so a retry never spins. A caller restarts the schedule (a new iterator) after a success.
+    Used by the MQTT bus, the InfluxDB sink and the Modbus poller.
+    """
     rand = rng or random.Random()  # noqa: S311 - jitter, not cryptography
     ceiling = min_s
     while True:
         yield rand.uniform(min_s / 2, ceiling) if ceiling > 0 else 0.0
         ceiling = min(max_s, ceiling * 2 if ceiling > 0 else max_s)
+
+
+async def every(
+    interval_s: float, tick: Callable[[], object], *, first_after_s: float = 0.0
+) -> NoReturn:
+    """Call ``tick`` (awaiting it if it returns an awaitable) every ``interval_s``, forever.
+
+    Scheduled on ``loop.time()``; after a slow tick the missed ones are skipped, not
+    bunched. The first call comes ``first_after_s`` after the start.
+    """
+    if interval_s <= 0:
+        msg = f"interval_s must be > 0, got {interval_s}"
+        raise ValueError(msg)
+    loop = asyncio.get_running_loop()
+    next_t = loop.time() + first_after_s
+    while True:
+        await asyncio.sleep(max(0.0, next_t - loop.time()))
+        result = tick()
+        if inspect.isawaitable(result):
+            await result
+        next_t = max(next_t + interval_s, loop.time())
 
 
 async def wait_first(event: asyncio.Event, timeout_s: float) -> bool:

@@ -20,6 +20,7 @@ import structlog
 from polca import __version__, aiokit, logs
 from polca.cooling import cli as cooling_cli
 from polca.errors import FatalError, PolcaError, PolicyError
+from polca.gpu import registry
 from polca.sim import cli as sim_cli
 
 EX_CONFIG = 78
@@ -113,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     probe = gsub.add_parser(
         "probe", help="list the GPUs, what they support and one reading (read-only)"
     )
-    probe.add_argument("--backend", choices=["nvml", "simulated"], default="nvml")
+    probe.add_argument("--backend", choices=registry.BACKEND_NAMES, default="nvml")
     probe.add_argument("--config", type=Path, default=None)
 
     config = sub.add_parser("config", help="configuration")
@@ -129,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None, help="YAML settings file")
-    p.add_argument("--backend", choices=["nvml", "simulated"], default=None)
+    p.add_argument("--backend", choices=registry.BACKEND_NAMES, default=None)
     p.add_argument("--policy", type=Path, default=None, help="policy file (agent.policy_file)")
     p.add_argument("--broker", default=None, help="MQTT broker host[:port]")
     p.add_argument(
@@ -271,10 +272,11 @@ def _run_aggregator(args: argparse.Namespace) -> int:
 
 
 async def _aggregator_main(settings: Any, *, duration_s: float | None) -> None:
-    from polca.aggregator.runtime import Aggregator, make_sink  # noqa: PLC0415
+    from polca.aggregator.runtime import Aggregator  # noqa: PLC0415
+    from polca.export.influx import make_sink  # noqa: PLC0415
 
     sink = make_sink(settings.influx, state_dir=settings.state_dir)
-    aggregator = Aggregator(settings, sink=sink)
+    aggregator = Aggregator(settings, sinks=[sink] if sink is not None else [])
     aiokit.install_signal_handlers(aggregator.stop_requested, aggregator.reload_requested)
     if duration_s is not None:
         asyncio.get_running_loop().call_later(duration_s, aggregator.stop_requested.set)
@@ -289,7 +291,7 @@ def _gpu_probe(args: argparse.Namespace) -> int:
 
     logs.configure(level="warning")
     settings = load_settings(args.config, gpu={"backend": args.backend})
-    backend = make_backend(settings)
+    backend = registry.make_backend(settings.gpu)
     try:
         infos = backend.discover()
         out = sys.stdout
@@ -407,22 +409,6 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def make_backend(settings: Any) -> Any:
-    """The GPU backend named in the settings (constructed, not yet opened)."""
-    if settings.gpu.backend == "nvml":
-        from polca.gpu.nvml import NvmlBackend  # noqa: PLC0415
-
-        return NvmlBackend()
-    from polca.gpu.simulated import SimulatedBackend  # noqa: PLC0415
-
-    return SimulatedBackend(
-        count=settings.gpu.simulated_count,
-        model=settings.gpu.simulated_model,
-        load=settings.gpu.simulated_load,
-        seed=settings.gpu.simulated_seed,
-    )
-
-
 async def _agent_main(settings: Any, *, duration_s: float | None, embedded_broker: bool) -> None:
     from polca.agent.runtime import Agent  # noqa: PLC0415
     from polca.policy import PolicyStore  # noqa: PLC0415
@@ -439,7 +425,7 @@ async def _agent_main(settings: Any, *, duration_s: float | None, embedded_broke
             )
         agent = Agent(
             settings,
-            backend=make_backend(settings),
+            backend=registry.make_backend(settings.gpu),
             policy_store=PolicyStore(settings.agent.policy_file),
         )
         aiokit.install_signal_handlers(agent.stop_requested, agent.reload_requested)

@@ -36,13 +36,13 @@ from polca.aggregator.config import (
     RackSpec,
     RowSpec,
 )
-from polca.aggregator.cooling_config import CoolingSettings, LoopSpec
-from polca.aggregator.runtime import Aggregator, make_sink
+from polca.aggregator.runtime import Aggregator
+from polca.cooling.loops import CoolingSettings, LoopSpec
 from polca.cooling.plant import CduRatings, SimulatedCdu
 from polca.cooling.publisher import run_plant
-from polca.gpu.models import get_model
+from polca.export.influx import make_sink
 from polca.gpu.simulated import SimulatedBackend
-from polca.gpu.trace import Trace, TraceReplay, trace_loads
+from polca.physics.presets import get_model
 from polca.policy import PolicyStore
 from polca.settings import (
     AgentSettings,
@@ -64,6 +64,8 @@ from polca.telemetry.schema import (
     Telemetry,
     decode,
 )
+from polca.workload.replay import TraceReplay, trace_loads
+from polca.workload.trace import Trace
 
 DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "simulated-demo.yaml"
 SITE = "demo"
@@ -389,10 +391,8 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
                 gpu_every_s=2.0,
             ),
         )
-        aggregator = Aggregator(
-            aggregator_settings,
-            sink=make_sink(aggregator_settings.influx, state_dir=work / "aggregator"),
-        )
+        sink = make_sink(aggregator_settings.influx, state_dir=work / "aggregator")
+        aggregator = Aggregator(aggregator_settings, sinks=[sink] if sink is not None else [])
         view = DemoView(options, budget_w)
         plants = [
             SimulatedCdu(

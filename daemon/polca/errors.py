@@ -126,3 +126,28 @@ class StaleMessageError(SchemaError):
     """A message too old to act on (a retained reading or an expired control)."""
 
     reason = "stale"
+
+
+class InfluxUnavailableError(RetryableError):
+    """The database did not take a batch now (unreachable, overloaded, misconfigured).
+
+    The batch is kept and sent again later; ``status`` is the HTTP status, if any.
+    """
+
+    def __init__(self, msg: str, *, status: int | None = None, delay_s: float = 0.0) -> None:
+        super().__init__(msg, delay_s=delay_s)
+        self.status = status
+
+
+class BatchRejectedError(PolcaError):
+    """The database refused a batch's data (HTTP 4xx): sending it again cannot help.
+
+    ``kind`` identifies the class of error for logging once; ``dropped_points`` is the
+    number of points the database says it dropped (a partial write), when it says so.
+    """
+
+    def __init__(self, msg: str, *, status: int, kind: str, dropped_points: int | None) -> None:
+        super().__init__(msg)
+        self.status = status
+        self.kind = kind
+        self.dropped_points = dropped_points

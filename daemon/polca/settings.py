@@ -110,10 +110,18 @@ class TopicSettings(_Group):
         return cleaned
 
 
+BackendName = Literal["nvml", "simulated"]
+"""The GPU backends ``gpu.backend`` can name; ``polca.gpu.registry`` builds each of them.
+
+Defined here because settings sit below the hardware seam; the registry's table is typed
+with it and a test checks that the table covers exactly these names.
+"""
+
+
 class GpuSettings(_Group):
     """The GPU backend."""
 
-    backend: Literal["nvml", "simulated"] = Field(
+    backend: BackendName = Field(
         "nvml", description="nvml for real GPUs, simulated for the built-in GPU model."
     )
     simulated_count: int = Field(8, ge=1, le=64, description="GPUs of the simulated backend.")

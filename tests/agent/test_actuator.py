@@ -1,24 +1,63 @@
-"""Actuator: clamped, snapped, idempotent writes with read-back and re-assertion."""
+"""Actuator: clamped, snapped, idempotent writes with read-back and re-assertion.
+
+The actuator only plans writes and records their results; these tests execute the plans
+through ``execute_writes`` on the simulated backend, as ``ThreadedGpu.write`` does on the
+GPU thread.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from polca.agent.actuator import Actuator, Setting, desired_setting
+from polca.agent.actuator import Actuator, ApplyResult, GpuPlan, Setting, desired_setting
 from polca.agent.baseline import Baseline
-from polca.gpu.backend import GpuInfo
+from polca.gpu.backend import GpuInfo, GpuSample, LockSmClocks, SetPowerLimit, execute_writes
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import GpuTarget
 
 
-def _rig(count: int = 2) -> tuple[SimulatedBackend, Actuator, Sequence[GpuInfo]]:
+class _Driven:
+    """An actuator with the simulated GPUs it writes to."""
+
+    def __init__(self, backend: SimulatedBackend, actuator: Actuator) -> None:
+        self.backend = backend
+        self.actuator = actuator
+
+    def run(self, plans: Sequence[GpuPlan]) -> ApplyResult:
+        results = execute_writes(self.backend, [plan.writes for plan in plans])
+        return self.actuator.record(plans, results)
+
+    def apply(
+        self,
+        targets: Sequence[GpuTarget],
+        *,
+        baseline: Baseline | None,
+        samples: Mapping[int, GpuSample],
+    ) -> ApplyResult:
+        return self.run(self.actuator.plan(targets, baseline=baseline, samples=samples))
+
+    def pending(self, targets: Sequence[GpuTarget], **kwargs: object) -> bool:
+        return self.actuator.pending(self.actuator.plan(targets, **kwargs))  # type: ignore[arg-type]
+
+    def restore(self, baseline: Baseline | None) -> ApplyResult:
+        return self.run(self.actuator.plan_restore(baseline))
+
+    def drifted(self, samples: Mapping[int, GpuSample]) -> bool:
+        return self.actuator.drifted(samples)
+
+    @property
+    def applied(self) -> dict[int, Setting]:
+        return self.actuator.applied
+
+
+def _rig(count: int = 2) -> tuple[SimulatedBackend, _Driven, Sequence[GpuInfo]]:
     backend = SimulatedBackend(
         count=count, model="A100-SXM4", load="constant:0.5", seed=1, clock=lambda: 0.0
     )
     infos = backend.discover()
-    actuator = Actuator(backend, {i.index: i for i in infos})
+    actuator = Actuator({i.index: i for i in infos})
     actuator.adopt([backend.sample(i.index) for i in infos])
-    return backend, actuator, infos
+    return backend, _Driven(backend, actuator), infos
 
 
 def _target(info: GpuInfo, *, clock: int | None = None, power_mw: int | None = None) -> GpuTarget:
@@ -84,7 +123,7 @@ def test_no_power_cap_means_the_original_limit() -> None:
     baseline = Baseline.capture(infos, [backend.sample(i.index) for i in infos])
     backend.external_set_power_limit_mw(0, 350_000)  # operator's setting before polca
     baseline = Baseline.capture(infos, [backend.sample(i.index) for i in infos])
-    actuator.adopt([backend.sample(i.index) for i in infos])
+    actuator.actuator.adopt([backend.sample(i.index) for i in infos])
     actuator.apply([_target(infos[0], power_mw=200_000)], baseline=baseline, samples={})
     assert backend.sample(0).power_limit_mw == 200_000
     actuator.apply([_target(infos[0])], baseline=baseline, samples={})
@@ -118,3 +157,19 @@ def test_lost_and_denied_gpus_are_outcomes_not_exceptions() -> None:
     assert denied.outcomes[0].action == "failed"
     assert denied.outcomes[0].error
     assert actuator.applied[1] == Setting((min(infos[1].supported_sm_clocks_mhz), 1110), 400_000)
+
+
+def test_planning_is_pure_and_names_each_write() -> None:
+    """A plan lists typed writes and touches no GPU; only executing it changes the GPU."""
+    backend, driven, infos = _rig(count=1)
+    before = backend.held(0)
+    (plan,) = driven.actuator.plan(
+        [_target(infos[0], clock=1110, power_mw=300_000)], baseline=None, samples={}
+    )
+    low = min(infos[0].supported_sm_clocks_mhz)
+    assert plan.writes == (LockSmClocks(0, low, 1110), SetPowerLimit(0, 300_000))
+    assert backend.held(0) == before  # planning wrote nothing
+    assert driven.applied[0] != Setting((low, 1110), 300_000)  # nor recorded anything
+    result = driven.run((plan,))
+    assert result.outcomes[0].action == "applied"
+    assert backend.held(0) == ((low, 1110), 300_000)

@@ -7,7 +7,7 @@ import json
 from structlog.testing import capture_logs
 
 from polca.aggregator.config import NodeSpec, RackSpec, RowSpec
-from polca.aggregator.intake import Intake
+from polca.aggregator.intake import Accepted, Intake, RetainedControl, TelemetryIn
 from polca.aggregator.rollup import RowTracker
 from polca.telemetry.bus import InMessage
 from polca.telemetry.schema import Control, Event, Meter, State, Status, Telemetry, encode
@@ -16,20 +16,25 @@ from polca.telemetry.topics import Topics
 BASE = "polca/v1/dc1/row1"
 
 
-def _intake() -> tuple[Intake, RowTracker, list[Control]]:
-    row = RowSpec(
+class _Seeds(list[Control]):
+    """The retained controls of ours an intake accepted (what the runtime seeds from)."""
+
+    def take(self, accepted: Accepted | None) -> Accepted | None:
+        if isinstance(accepted, RetainedControl):
+            self.append(accepted.control)
+        return accepted
+
+
+def _row() -> RowSpec:
+    return RowSpec(
         name="row1", budget_w=10_000, racks=(RackSpec(name="r1", nodes=(NodeSpec(name="n1"),)),)
     )
-    tracker = RowTracker(row)
-    seeded: list[Control] = []
-    intake = Intake(
-        site="dc1",
-        topics=Topics(),
-        trackers={"row1": tracker},
-        issuer="agg",
-        on_retained_control=seeded.append,
-    )
-    return intake, tracker, seeded
+
+
+def _intake(tracker: RowTracker | None = None) -> tuple[Intake, RowTracker, _Seeds]:
+    tracker = tracker or RowTracker(_row())
+    intake = Intake(site="dc1", topics=Topics(), trackers={"row1": tracker}, issuer="agg")
+    return intake, tracker, _Seeds()
 
 
 def _msg(topic: str, payload: bytes, *, retain: bool = False) -> InMessage:
@@ -106,13 +111,13 @@ def test_payload_identity_must_match_the_topic_on_every_channel() -> None:
     status = encode(Status(ts_ns=1, state="offline", node=other))
     event = encode(Event(ts_ns=1, seq=1, node=other, event="cap_changed"))
     state = encode(State(ts_ns=1, seq=1, node=other, level=0, fail_safe=False, gpus=()))
-    events: list[Event] = []
-    intake.on_event = lambda *args: events.append(args[3])
-    for channel, payload in (("status", status), ("events", event), ("state", state)):
+    accepted = [
         intake.handle(_msg(f"{BASE}/r1/n1/{channel}", payload), 1)
+        for channel, payload in (("status", status), ("events", event), ("state", state))
+    ]
     assert intake.dropped == {"identity": 3}
     assert tracker.nodes["n1"].status is None
-    assert events == []
+    assert accepted == [None, None, None]
 
 
 def test_control_naming_another_row_or_rack_than_its_topic_is_dropped() -> None:
@@ -129,9 +134,9 @@ def test_control_naming_another_row_or_rack_than_its_topic_is_dropped() -> None:
         issued_ns=1,
         lease_expires_ns=2,
     )
-    intake.handle(_msg(f"{BASE}/control", encode(own), retain=True), 1)
+    seeded.take(intake.handle(_msg(f"{BASE}/control", encode(own), retain=True), 1))
     rack = own.model_copy(update={"row": "row1", "scope": "rack", "rack": "r9"})
-    intake.handle(_msg(f"{BASE}/r1/control", encode(rack), retain=True), 1)
+    seeded.take(intake.handle(_msg(f"{BASE}/r1/control", encode(rack), retain=True), 1))
     assert seeded == []
     assert intake.dropped == {"identity": 2}
 
@@ -151,30 +156,32 @@ def test_skewed_stamps_are_kept_counted_and_restamped_on_receipt() -> None:
     """Telemetry stamped an hour ahead is applied, counted, and carries its receipt time."""
     intake, tracker, _ = _intake()
     received_ns = 1_700_000_000 * 10**9
-    seen: list[Telemetry] = []
-    intake.on_telemetry = lambda *args: seen.append(args[3])
     ahead = Telemetry.model_validate(
         {**json.loads(_telemetry("n1")), "ts_ns": received_ns + 3600 * 10**9}
     )
-    intake.handle(InMessage(f"{BASE}/r1/n1/telemetry", encode(ahead), False, received_ns), now_s=1)
+    accepted = intake.handle(
+        InMessage(f"{BASE}/r1/n1/telemetry", encode(ahead), False, received_ns), now_s=1
+    )
     assert tracker.nodes["n1"].telemetry is not None
-    assert seen[0].ts_ns == received_ns
+    assert isinstance(accepted, TelemetryIn)
+    assert accepted.telemetry.ts_ns == received_ns
     assert intake.skewed.counts == {"telemetry": 1}
     assert not intake.dropped
 
 
 def test_a_failing_handler_is_counted_and_the_intake_carries_on() -> None:
     """An unexpected error handling one message is counted as internal; the next one is applied."""
-    intake, tracker, _ = _intake()
     calls: list[str] = []
 
-    def explode(row: str, rack: str, node: str, telemetry: Telemetry) -> None:
-        calls.append(node)
-        if len(calls) == 1:
-            msg = "boom"
-            raise RuntimeError(msg)
+    class Exploding(RowTracker):
+        def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> None:
+            calls.append(node)
+            if len(calls) == 1:
+                msg = "boom"
+                raise RuntimeError(msg)
+            super().ingest_telemetry(node, telemetry, now_s)
 
-    intake.on_telemetry = explode
+    intake, tracker, _ = _intake(Exploding(_row()))
     with capture_logs() as logs:
         intake.handle(_msg(f"{BASE}/r1/n1/telemetry", _telemetry("n1")), 1)
         intake.handle(_msg(f"{BASE}/r1/n1/telemetry", _telemetry("n1")), 2)
@@ -199,9 +206,9 @@ def test_retained_own_control_seeds_and_foreign_control_is_dropped() -> None:
         lease_expires_ns=2,
     )
     other = own.model_copy(update={"issuer": "rogue"})
-    intake.handle(_msg(f"{BASE}/control", encode(own), retain=True), 1)
-    intake.handle(_msg(f"{BASE}/control", encode(own), retain=False), 1)  # live echo: ignored
-    intake.handle(_msg(f"{BASE}/control", encode(other), retain=True), 1)
+    seeded.take(intake.handle(_msg(f"{BASE}/control", encode(own), retain=True), 1))
+    seeded.take(intake.handle(_msg(f"{BASE}/control", encode(own), retain=False), 1))  # echo
+    seeded.take(intake.handle(_msg(f"{BASE}/control", encode(other), retain=True), 1))
     assert seeded == [own]
     assert intake.dropped == {"foreign_control": 1}
     assert json.loads(encode(own))["issuer"] == "agg"

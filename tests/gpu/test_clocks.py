@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polca.gpu.clocks import snap_sm_clock_mhz
+from polca.gpu.clocks import snap_down_to_grid_mhz, snap_sm_clock_mhz
+from polca.physics.presets import MODEL_NAMES, get_model
 
 H100_CLOCKS_MHZ = tuple(range(1980, 344, -15))
 
@@ -53,3 +54,27 @@ def test_snap_returns_a_supported_clock_never_above_the_request_unless_forced(
         assert all(mhz > requested_mhz for mhz in supported_mhz)
     else:
         assert not any(snapped < mhz <= requested_mhz for mhz in supported_mhz)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_grid_snap_agrees_with_the_list_snap_on_every_whole_mhz(name: str) -> None:
+    """On a preset's evenly spaced grid the O(1) snap answers as the list scan does."""
+    model = get_model(name)
+    grid = {
+        "min_mhz": model.sm_clock_min_mhz,
+        "max_mhz": model.sm_clock_max_mhz,
+        "step_mhz": model.sm_clock_step_mhz,
+    }
+    for requested_mhz in range(model.sm_clock_max_mhz + 200):
+        assert snap_down_to_grid_mhz(requested_mhz, **grid) == snap_sm_clock_mhz(
+            requested_mhz, model.supported_sm_clocks_mhz
+        ), requested_mhz
+
+
+def test_grid_snap_forgives_rounding_just_below_a_grid_clock() -> None:
+    """A computed clock a hair below a grid clock is that clock; a real shortfall is not."""
+    grid = {"min_mhz": 345, "max_mhz": 1980, "step_mhz": 15}
+    assert snap_down_to_grid_mhz(1500.0 - 1e-9, **grid) == 1500
+    assert snap_down_to_grid_mhz(1499.9, **grid) == 1485
+    assert snap_down_to_grid_mhz(-50.0, **grid) == 345
+    assert snap_down_to_grid_mhz(1e6, **grid) == 1980

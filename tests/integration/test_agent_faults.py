@@ -94,9 +94,9 @@ async def test_a_failing_agent_leaves_fail_safe_caps_not_the_originals(
         await probe.control(0)
         await wait_until(
             lambda: (
-                agent.decision is not None
-                and agent.decision.level == 0
-                and not agent.decision.fail_safe
+                agent.core.decision is not None
+                and agent.core.decision.level == 0
+                and not agent.core.decision.fail_safe
             ),
             what="nominal",
         )

@@ -122,7 +122,7 @@ async def _meter(broker: MosquittoProcess, stop: asyncio.Event, pct: float) -> N
 
 
 def _following(agent: Agent, level: int) -> bool:
-    decision = agent.decision
+    decision = agent.core.decision
     return decision is not None and not decision.fail_safe and decision.level == level
 
 
@@ -130,7 +130,7 @@ async def _hold(agent: Agent, level: int, seconds: float) -> None:
     """Assert the agent stays at ``level`` (never fail-safe) for ``seconds``."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        assert _following(agent, level), agent.decision
+        assert _following(agent, level), agent.core.decision
         await asyncio.sleep(0.05)
 
 
@@ -153,7 +153,7 @@ async def test_a_clock_step_of_an_hour_neither_expires_nor_extends_the_lease(
         row.aggregator.stop_requested.set()
         stopped = time.monotonic()
         await wait_until(
-            lambda: row.agent.decision is not None and row.agent.decision.fail_safe,
+            lambda: row.agent.core.decision is not None and row.agent.core.decision.fail_safe,
             timeout_s=10,
             what="fail-safe after the lease",
         )
@@ -174,7 +174,7 @@ async def test_an_agent_eleven_seconds_ahead_follows_and_says_so(
             tg.create_task(_meter(mosquitto, stop, 92.0))
             await wait_until(lambda: _following(row.agent, 2), timeout_s=20, what="T2")
             await _hold(row.agent, 2, 3.0)
-            assert row.agent.clock_skewed
+            assert row.agent.core.clock_skewed
             assert "clock off by +11" in row.agent._status_line()
             stop.set()
     skew = [e for e in logs if e["event"] == "clock_skew_detected"]

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polca.gpu.trace import Trace, TraceError
 from polca.sim.model import SimConfigError
 from polca.sim.workload import (
     HP,
@@ -20,6 +19,7 @@ from polca.sim.workload import (
     load_trace,
     synthetic_chat_trace,
 )
+from polca.workload.trace import Trace, TraceError
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import random
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -15,13 +17,13 @@ import pytest
 from pydantic import SecretStr
 from structlog.testing import capture_logs
 
+from polca import aiokit
 from polca.errors import ConfigError, TransportAuthError
 from polca.settings import MqttSettings
 from polca.telemetry.bus import (
     InMessage,
     MqttBus,
     OutMessage,
-    _backoff_s,
     _reap,
     topic_matches,
 )
@@ -148,13 +150,16 @@ def test_out_message_rejects_invalid(topic: str, qos: int) -> None:
         OutMessage(topic, b"x", qos=qos)
 
 
-@pytest.mark.parametrize("failures", [0, 1, 3, 10, 1000])
-def test_backoff_is_full_jitter_and_capped(failures: int) -> None:
-    """Reconnect delays stay within [0, min(max, min * 2**failures)]."""
-    ceiling_s = min(5.0, 0.5 * 2 ** min(failures, 32))
-    delays = [_backoff_s(failures, 0.5, 5.0) for _ in range(200)]
-    assert all(0.0 <= d <= ceiling_s for d in delays)
-    assert max(delays) > ceiling_s / 2  # jittered across the range, not stuck at zero
+def test_backoff_is_jittered_doubling_and_capped() -> None:
+    """The n-th reconnect delay lies in [min / 2, min(max, min * 2**n)], spread across it."""
+    for n in (0, 1, 3, 10, 1000):
+        ceiling_s = min(5.0, 0.5 * 2 ** min(n, 32))
+        delays = []
+        for seed in range(200):
+            schedule = aiokit.backoff_delays(0.5, 5.0, rng=random.Random(seed))  # noqa: S311
+            delays.append(next(itertools.islice(schedule, n, None)))
+        assert all(0.25 <= d <= ceiling_s for d in delays)
+        assert max(delays) - min(delays) > (ceiling_s - 0.25) / 2  # jittered, not fixed
 
 
 def test_constructor_does_no_io() -> None:

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from polca.agent.runtime import Agent
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.runtime import Aggregator
-from polca.aggregator.sink import MemorySink
 from polca.errors import SchemaError
+from polca.export.sink import MemorySink
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
 from polca.settings import Settings
@@ -75,7 +75,7 @@ def _aggregator(tmp_path: Path) -> Aggregator:
             ]
         },
     )
-    aggregator = Aggregator(settings, sink=MemorySink(max_points=10_000))
+    aggregator = Aggregator(settings, sinks=[MemorySink(max_points=10_000)])
     aggregator.policy_store.reload()
     return aggregator
 
@@ -155,8 +155,8 @@ def test_no_payload_breaks_the_agent_handlers(tmp_path: Path, seed: int) -> None
     for i, mutant in enumerate(_mutants(seed, 400)):
         for topic in _agent_topics():
             agent.handle_message(InMessage(topic, mutant.payload, i % 2 == 0, now, 1))
-    assert agent.drops.counts["internal"] == 0, agent.drops.counts
-    assert agent.drops.total > 0
+    assert agent.core.drops.counts["internal"] == 0, agent.core.drops.counts
+    assert agent.core.drops.total > 0
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -166,6 +166,6 @@ def test_no_payload_breaks_the_aggregator_intake(tmp_path: Path, seed: int) -> N
     now = time.time_ns()
     for i, mutant in enumerate(_mutants(seed, 400)):
         for topic in _aggregator_topics():
-            aggregator.intake.handle(InMessage(topic, mutant.payload, i % 2 == 0, now, 1), 1.0)
+            aggregator.handle_message(InMessage(topic, mutant.payload, i % 2 == 0, now, 1))
     assert aggregator.intake.dropped["internal"] == 0, aggregator.intake.dropped
     assert aggregator.intake.messages_in == 400 * len(_aggregator_topics())

@@ -1,14 +1,18 @@
-"""Apply the engine's per-GPU targets to the hardware, idempotently and safely.
+"""Turn the engine's per-GPU targets into GPU writes, and their results into outcomes.
 
-Runs on the GPU worker thread (``ThreadedGpu.run``), so every write of a decision happens
-in one hop off the event loop. For each GPU it:
+Pure and on the event loop: ``plan`` compares what each GPU should have with what polca
+applied (and what a fresh sample shows) and returns the writes that close the gap, as
+data (``polca.gpu.backend.GpuWrite``); the shell hands them to ``ThreadedGpu.write``,
+which runs them on the GPU thread, and ``record`` takes the results back and updates
+``applied``. So the applied state is only ever touched on the loop, and a new kind of
+action is one more write kind. For each GPU:
 
-- turns the clock cap into a lock ``[lowest supported, cap snapped down to a supported
+- the clock cap becomes a lock ``[lowest supported, cap snapped down to a supported
   clock]``, or an unlock when there is no cap or the cap is at the hardware maximum;
-- turns the power cap into a limit clamped to the GPU's constraints, or the original
-  limit from the baseline when there is no cap;
-- skips writes that change nothing, reads the limit back after a write, and re-asserts
-  (reporting it) when something else changed a limit polca set.
+- the power cap becomes a limit clamped to the GPU's constraints, or the original limit
+  from the baseline when there is no cap;
+- writes that change nothing are skipped; a limit is read back after it is set, and a
+  limit someone else changed is re-asserted (reported as such).
 
 Outcomes are data (``ApplyResult``): one failing GPU never stops the others.
 """
@@ -21,7 +25,15 @@ from typing import Literal
 
 from polca.agent.baseline import Baseline
 from polca.errors import GpuError, GpuLostError
-from polca.gpu.backend import GpuBackend, GpuInfo, GpuSample
+from polca.gpu.backend import (
+    GpuInfo,
+    GpuSample,
+    GpuWrite,
+    LockSmClocks,
+    ResetSmClocks,
+    SetPowerLimit,
+    WriteResult,
+)
 from polca.gpu.clocks import snap_sm_clock_mhz
 from polca.policy import GpuTarget
 
@@ -60,6 +72,18 @@ class ApplyResult:
         return [o for o in self.outcomes if o.action == action]
 
 
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    """What one GPU needs: its writes, in order, and what they start from."""
+
+    index: int
+    uuid: str
+    want: Setting
+    have: Setting  # what polca applied, corrected by a drifted sample
+    writes: tuple[GpuWrite, ...]
+    drift_mw: int | None = None  # a power limit someone else set, found in a fresh sample
+
+
 def desired_setting(info: GpuInfo, target: GpuTarget, baseline_limit_mw: int | None) -> Setting:
     """The clamped, snapped hardware setting for one target."""
     clocks: tuple[int, int] | None = None
@@ -79,11 +103,22 @@ def desired_setting(info: GpuInfo, target: GpuTarget, baseline_limit_mw: int | N
     return Setting(clocks, limit)
 
 
+def _writes(index: int, want: Setting, have: Setting) -> tuple[GpuWrite, ...]:
+    writes: list[GpuWrite] = []
+    if want.sm_clocks_mhz != have.sm_clocks_mhz:
+        if want.sm_clocks_mhz is None:
+            writes.append(ResetSmClocks(index))
+        else:
+            writes.append(LockSmClocks(index, *want.sm_clocks_mhz))
+    if want.power_limit_mw is not None and want.power_limit_mw != have.power_limit_mw:
+        writes.append(SetPowerLimit(index, want.power_limit_mw))
+    return tuple(writes)
+
+
 @dataclass(slots=True)
 class Actuator:
-    """Idempotent writer of GPU settings; call only from the GPU worker thread."""
+    """Idempotent planner of GPU settings and keeper of what is applied; event loop only."""
 
-    backend: GpuBackend
     infos: Mapping[int, GpuInfo]
     reassert: bool = True
     applied: dict[int, Setting] = field(default_factory=dict)
@@ -93,147 +128,127 @@ class Actuator:
         for s in samples:
             self.applied.setdefault(s.index, Setting(s.locked_sm_clocks_mhz, s.power_limit_mw))
 
-    def apply(
-        self,
-        targets: Sequence[GpuTarget],
-        *,
-        baseline: Baseline | None,
-        samples: Mapping[int, GpuSample],
-    ) -> ApplyResult:
-        """Bring every targeted GPU to its desired setting."""
-        outcomes = []
-        for target in targets:
-            info = self.infos[target.index]
-            original = baseline.for_uuid(info.uuid) if baseline else None
-            base_limit = original.power_limit_mw if original else info.power_limit_default_mw
-            want = desired_setting(info, target, base_limit)
-            outcomes.append(self._apply_one(info, want, samples.get(target.index)))
-        return ApplyResult(tuple(outcomes))
+    def forget_locks(self) -> None:
+        """Assume an unknown clock lock on every GPU, so the next plan writes the lock.
 
-    def pending(
+        After a crash polca does not know which locks it left (NVML cannot read them back).
+        """
+        for index, setting in list(self.applied.items()):
+            self.applied[index] = Setting((0, 0), setting.power_limit_mw)
+
+    def plan(
         self,
         targets: Sequence[GpuTarget],
         *,
         baseline: Baseline | None,
         samples: Mapping[int, GpuSample],
-    ) -> bool:
-        """Whether ``apply`` would write anything (cheap; safe to call on the event loop)."""
+    ) -> tuple[GpuPlan, ...]:
+        """Every targeted GPU's writes (possibly none) to reach its desired setting."""
+        plans = []
         for target in targets:
             info = self.infos[target.index]
             original = baseline.for_uuid(info.uuid) if baseline else None
             base_limit = original.power_limit_mw if original else info.power_limit_default_mw
             want = desired_setting(info, target, base_limit)
-            have = self.applied.get(target.index, Setting(None, None))
-            if want.sm_clocks_mhz != have.sm_clocks_mhz:
-                return True
-            if want.power_limit_mw is not None and want.power_limit_mw != have.power_limit_mw:
-                return True
-            sample = samples.get(target.index)
-            if (
-                self.reassert
-                and sample is not None
-                and sample.power_limit_mw is not None
-                and have.power_limit_mw is not None
-                and sample.power_limit_mw != have.power_limit_mw
-            ):
-                return True
-        return False
+            plans.append(self._plan_one(info, want, samples.get(target.index), self.reassert))
+        return tuple(plans)
+
+    def plan_restore(self, baseline: Baseline | None) -> tuple[GpuPlan, ...]:
+        """Every GPU back to its original settings: clocks unlocked, original limits."""
+        plans = []
+        for info in self.infos.values():
+            original = baseline.for_uuid(info.uuid) if baseline else None
+            limit = original.power_limit_mw if original else None
+            current = self.applied.get(info.index, Setting(None, None))
+            want = Setting(None, limit if limit is not None else current.power_limit_mw)
+            plans.append(self._plan_one(info, want, None, reassert=False))
+        return tuple(plans)
+
+    def pending(self, plans: Sequence[GpuPlan]) -> bool:
+        """Whether any plan writes something."""
+        return any(plan.writes for plan in plans)
 
     def drifted(self, samples: Mapping[int, GpuSample]) -> bool:
         """Whether a fresh sample shows a power limit other than the one polca set."""
         if not self.reassert:
             return False
-        for index, sample in samples.items():
-            have = self.applied.get(index)
-            if (
-                have is not None
-                and have.power_limit_mw is not None
-                and sample.power_limit_mw is not None
-                and sample.power_limit_mw != have.power_limit_mw
-            ):
-                return True
-        return False
+        return any(
+            _drift(self.applied.get(index), sample) is not None for index, sample in samples.items()
+        )
 
-    def restore(self, baseline: Baseline | None, *, force_unlock: bool = False) -> ApplyResult:
-        """Put back the original settings (unlock clocks, original power limits)."""
-        outcomes = []
-        for info in self.infos.values():
-            original = baseline.for_uuid(info.uuid) if baseline else None
-            limit = original.power_limit_mw if original else None
-            if force_unlock:
-                # After a crash polca does not know which locks it left: unlock all.
-                self.applied[info.index] = Setting(
-                    (0, 0), self.applied.get(info.index, Setting(None, None)).power_limit_mw
-                )
-            current = self.applied.get(info.index, Setting(None, None))
-            want = Setting(None, limit if limit is not None else current.power_limit_mw)
-            outcomes.append(self._apply_one(info, want, None, reassert=False))
-        return ApplyResult(tuple(outcomes))
-
-    def _apply_one(
-        self,
-        info: GpuInfo,
-        want: Setting,
-        sample: GpuSample | None,
-        *,
-        reassert: bool | None = None,
-    ) -> GpuOutcome:
-        index = info.index
-        have = self.applied.get(index, Setting(None, None))
-        changes: list[str] = []
-        drifted = False
-        if (
-            (self.reassert if reassert is None else reassert)
-            and sample is not None
-            and sample.power_limit_mw is not None
-            and have.power_limit_mw is not None
-            and sample.power_limit_mw != have.power_limit_mw
-        ):
+    def _plan_one(
+        self, info: GpuInfo, want: Setting, sample: GpuSample | None, reassert: bool
+    ) -> GpuPlan:
+        have = self.applied.get(info.index, Setting(None, None))
+        drift = _drift(have, sample) if reassert else None
+        if drift is not None:
             # Something else (an operator, another tool) changed a limit polca set.
-            drifted = True
-            changes.append(f"power_limit_drift:{sample.power_limit_mw}")
-            have = Setting(have.sm_clocks_mhz, sample.power_limit_mw)
-        try:
-            if want.sm_clocks_mhz != have.sm_clocks_mhz:
-                if want.sm_clocks_mhz is None:
-                    self.backend.reset_sm_clocks(index)
-                    changes.append("sm_clock_unlocked")
-                else:
-                    low, high = want.sm_clocks_mhz
-                    self.backend.lock_sm_clocks_mhz(index, low, high)
-                    changes.append(f"sm_clock_locked:{low}-{high}")
-                have = Setting(want.sm_clocks_mhz, have.power_limit_mw)
-                self.applied[index] = have
-            enforced = None
-            if want.power_limit_mw is not None and want.power_limit_mw != have.power_limit_mw:
-                self.backend.set_power_limit_mw(index, want.power_limit_mw)
-                changes.append(f"power_limit:{want.power_limit_mw}")
-                have = Setting(have.sm_clocks_mhz, want.power_limit_mw)
-                self.applied[index] = have
-                readback = self.backend.sample(index)
-                enforced = readback.enforced_power_limit_mw
+            have = Setting(have.sm_clocks_mhz, drift)
+        return GpuPlan(info.index, info.uuid, want, have, _writes(info.index, want, have), drift)
+
+    def record(
+        self, plans: Sequence[GpuPlan], results: Sequence[Sequence[WriteResult]]
+    ) -> ApplyResult:
+        """Take the write results of ``plans`` (same order) and update ``applied``."""
+        return ApplyResult(
+            tuple(self._record_one(p, r) for p, r in zip(plans, results, strict=True))
+        )
+
+    def _record_one(self, plan: GpuPlan, results: Sequence[WriteResult]) -> GpuOutcome:
+        have = plan.have
+        changes = [f"power_limit_drift:{plan.drift_mw}"] if plan.drift_mw is not None else []
+        enforced: int | None = None
+        for result in results:
+            write = result.write
+            if result.error is not None:
+                self.applied[plan.index] = have
+                exc = result.error
+                action: Action = "lost" if isinstance(exc, GpuLostError) else "failed"
+                error = (
+                    str(exc)
+                    if isinstance(exc, GpuError)
+                    else f"unexpected {type(exc).__name__}: {exc}"
+                )
+                return GpuOutcome(plan.index, plan.uuid, action, have, None, tuple(changes), error)
+            if isinstance(write, ResetSmClocks):
+                have = Setting(None, have.power_limit_mw)
+                changes.append("sm_clock_unlocked")
+            elif isinstance(write, LockSmClocks):
+                have = Setting((write.min_mhz, write.max_mhz), have.power_limit_mw)
+                changes.append(f"sm_clock_locked:{write.min_mhz}-{write.max_mhz}")
+            else:
+                have = Setting(have.sm_clocks_mhz, write.limit_mw)
+                changes.append(f"power_limit:{write.limit_mw}")
+                readback = result.readback
+                enforced = readback.enforced_power_limit_mw if readback else None
                 if (
-                    readback.power_limit_mw is not None
-                    and readback.power_limit_mw != want.power_limit_mw
+                    readback is not None
+                    and readback.power_limit_mw is not None
+                    and readback.power_limit_mw != write.limit_mw
                 ):
+                    self.applied[plan.index] = have
                     msg = (
                         f"power limit read back as {readback.power_limit_mw} mW after "
-                        f"setting {want.power_limit_mw} mW"
+                        f"setting {write.limit_mw} mW"
                     )
                     return GpuOutcome(
-                        index, info.uuid, "failed", have, enforced, tuple(changes), msg
+                        plan.index, plan.uuid, "failed", have, enforced, tuple(changes), msg
                     )
-        except GpuLostError as exc:
-            return GpuOutcome(index, info.uuid, "lost", have, None, tuple(changes), str(exc))
-        except GpuError as exc:
-            return GpuOutcome(index, info.uuid, "failed", have, None, tuple(changes), str(exc))
-        except Exception as exc:
-            # Not a GPU error polca knows (a binding bug?): the other GPUs still get their
-            # caps, which matters most on the way out, when the fail-safe is written.
-            error = f"unexpected {type(exc).__name__}: {exc}"
-            return GpuOutcome(index, info.uuid, "failed", have, None, tuple(changes), error)
-        self.applied[index] = have
+        self.applied[plan.index] = have
         if not changes:
-            return GpuOutcome(index, info.uuid, "unchanged", have)
-        action: Action = "reasserted" if drifted else "applied"
-        return GpuOutcome(index, info.uuid, action, have, enforced, tuple(changes))
+            return GpuOutcome(plan.index, plan.uuid, "unchanged", have)
+        action = "reasserted" if plan.drift_mw is not None else "applied"
+        return GpuOutcome(plan.index, plan.uuid, action, have, enforced, tuple(changes))
+
+
+def _drift(have: Setting | None, sample: GpuSample | None) -> int | None:
+    """The sample's power limit when it differs from the one polca set, else None."""
+    if (
+        have is not None
+        and sample is not None
+        and sample.power_limit_mw is not None
+        and have.power_limit_mw is not None
+        and sample.power_limit_mw != have.power_limit_mw
+    ):
+        return sample.power_limit_mw
+    return None

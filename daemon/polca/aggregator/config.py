@@ -16,7 +16,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from polca.aggregator.cooling_config import CoolingSettings
+from polca.cooling.loops import CoolingSettings
 from polca.settings import InfluxSettings, ProcessSettings
 
 _NAME = r"^[A-Za-z0-9_.-]+$"

@@ -13,13 +13,17 @@ one message: logged with its traceback; the intake carries on).
 Wall-clock stamps from other machines are never used for staleness (receipt time on the
 monotonic clock is) and are trusted for the database only within the skew tolerance:
 a message stamped further off is kept, counted under ``clock_skew`` (``skewed``) and
-re-stamped with its time of receipt. No I/O here.
+re-stamped with its time of receipt.
+
+Telemetry, status and meter readings go into the row trackers; ``handle`` returns what
+the caller must still route (``Accepted``: telemetry and events for the database, a
+retained control of ours to seed a ladder, a CDU reading for the cooling supervisor), so
+data flows one way. No I/O here.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -47,6 +51,45 @@ _DEFAULT_WINDOW = ClockWindow.of_seconds(5.0)
 _Stamped = TypeVar("_Stamped", Telemetry, Event)
 
 
+@dataclass(frozen=True, slots=True)
+class TelemetryIn:
+    """A node's telemetry, applied to its row; for the database."""
+
+    row: str
+    rack: str
+    node: str
+    telemetry: Telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class EventIn:
+    """A node's event; for the database."""
+
+    row: str
+    rack: str
+    node: str
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedControl:
+    """Our own control message, retained by a previous run: seeds a ladder."""
+
+    control: Control
+
+
+@dataclass(frozen=True, slots=True)
+class CduIn:
+    """A CDU reading, received at ``received_s`` (monotonic): for the cooling supervisor."""
+
+    cdu: CduTelemetry
+    received_s: float
+
+
+Accepted = TelemetryIn | EventIn | RetainedControl | CduIn
+"""What ``Intake.handle`` accepted that its caller must route on."""
+
+
 @dataclass(slots=True)
 class Intake:
     """Decodes, checks and routes messages for the rows one aggregator owns."""
@@ -55,10 +98,6 @@ class Intake:
     topics: Topics
     trackers: dict[str, RowTracker]
     issuer: str
-    on_telemetry: Callable[[str, str, str, Telemetry], None] | None = None
-    on_event: Callable[[str, str, str, Event], None] | None = None
-    on_retained_control: Callable[[Control], None] | None = None
-    on_cdu: Callable[[CduTelemetry, float], None] | None = None
     cdus: tuple[str, ...] = ()
     window: ClockWindow = _DEFAULT_WINDOW
     messages_in: int = 0
@@ -97,57 +136,55 @@ class Intake:
         subs.extend((topic, 0) for topic in self._cdu_topics)
         return subs
 
-    def handle(self, message: InMessage, now_s: float) -> None:
-        """Apply one message to its row, or count and drop it. Never raises.
+    def handle(self, message: InMessage, now_s: float) -> Accepted | None:
+        """Apply one message to its row, or count and drop it; what to route on. Never raises.
 
         ``now_s`` is the monotonic time of receipt (staleness); the wall clock of receipt
         is ``message.received_ns``.
         """
         self.messages_in += 1
         try:
-            self._route(message, now_s)
+            return self._route(message, now_s)
         except SchemaError as exc:
             self.drops.drop(exc.reason, topic=message.topic, detail=str(exc))
-        except Exception as exc:
+        except Exception as exc:  # one message must never end the intake
             self.drops.drop("internal", exc=exc, topic=message.topic, detail=repr(exc))
+        return None
 
-    def _route(self, message: InMessage, now_s: float) -> None:
+    def _route(self, message: InMessage, now_s: float) -> Accepted | None:
         if len(message.payload) > MAX_PAYLOAD_BYTES:
             self.drops.drop(
                 "oversized", topic=message.topic, detail=f"{len(message.payload)} bytes"
             )
-            return
+            return None
         if message.topic in self._meters:
             self._meter(message, now_s)
-            return
+            return None
         if message.topic in self._cdu_topics:
-            self._cdu(message, now_s)
-            return
+            return self._cdu(message, now_s)
         if message.topic in self._controls:
-            self._control(message)
-            return
+            return self._control(message)
         parsed = self.topics.parse_node(message.topic)
         if parsed is None:
             self.drops.drop("topology", topic=message.topic, detail="not a topic polca reads")
-            return
+            return None
         addr, channel = parsed
         tracker = self.trackers.get(addr.row) if addr.site == self.site else None
         if tracker is None or tracker.rack_of(addr.node) != addr.rack:
             self.drops.drop(
                 "topology", topic=message.topic, detail="node not in this aggregator's topology"
             )
-            return
+            return None
         if not message.payload:
-            return  # a retained message being cleared
+            return None  # a retained message being cleared
         if channel == "telemetry":
             telemetry = decode(message.payload, Telemetry)
             check_identity("node", payload=telemetry.node, topic=addr.node)
             _not_retained(message, "telemetry")
             telemetry = self._trusted(telemetry, message, channel)
             tracker.ingest_telemetry(addr.node, telemetry, now_s)
-            if self.on_telemetry is not None:
-                self.on_telemetry(addr.row, addr.rack, addr.node, telemetry)
-        elif channel == "status":
+            return TelemetryIn(addr.row, addr.rack, addr.node, telemetry)
+        if channel == "status":
             status = decode(message.payload, Status)
             check_identity("node", payload=status.node, topic=addr.node)
             tracker.ingest_status(addr.node, status)
@@ -159,17 +196,17 @@ class Intake:
                     node=addr.node,
                     reason=status.reason,
                 )
-        elif channel == "events":
+            return None
+        if channel == "events":
             event = decode(message.payload, Event)
             check_identity("node", payload=event.node, topic=addr.node)
-            event = self._trusted(event, message, channel)
-            if self.on_event is not None:
-                self.on_event(addr.row, addr.rack, addr.node, event)
-        elif channel == "state":
+            return EventIn(addr.row, addr.rack, addr.node, self._trusted(event, message, channel))
+        if channel == "state":
             state = decode(message.payload, State)  # validated, kept by the broker for status
             check_identity("node", payload=state.node, topic=addr.node)
-        else:
-            self.drops.drop("topology", topic=message.topic, detail=f"{channel} is not read here")
+            return None
+        self.drops.drop("topology", topic=message.topic, detail=f"{channel} is not read here")
+        return None
 
     def _trusted(self, message: _Stamped, raw: InMessage, channel: str) -> _Stamped:
         """The message, re-stamped with its receipt time when its own stamp is skewed."""
@@ -186,18 +223,17 @@ class Intake:
             self.skewed.drop("meter", topic=message.topic, detail="meter stamp off")
         self.trackers[self._meters[message.topic]].ingest_meter(meter, now_s)
 
-    def _cdu(self, message: InMessage, now_s: float) -> None:
+    def _cdu(self, message: InMessage, now_s: float) -> CduIn:
         cdu = decode(message.payload, CduTelemetry)
         check_identity("cdu", payload=cdu.cdu, topic=self._cdu_topics[message.topic])
         _not_retained(message, "CDU reading")
         if self.window.skewed(cdu.ts_ns, message.received_ns):
             self.skewed.drop("cdu", topic=message.topic, detail="CDU stamp off")
-        if self.on_cdu is not None:
-            self.on_cdu(cdu, now_s)
+        return CduIn(cdu, now_s)
 
-    def _control(self, message: InMessage) -> None:
+    def _control(self, message: InMessage) -> RetainedControl | None:
         if not message.payload:
-            return
+            return None
         control = decode(message.payload, Control)
         row, rack = self._controls[message.topic]
         check_identity("row", payload=control.row, topic=row)
@@ -206,9 +242,8 @@ class Intake:
             self.drops.drop(
                 "foreign_control", topic=message.topic, detail=f"issuer {control.issuer!r}"
             )
-            return
-        if message.retain and self.on_retained_control is not None:
-            self.on_retained_control(control)
+            return None
+        return RetainedControl(control) if message.retain else None
 
 
 def _not_retained(message: InMessage, what: str) -> None:

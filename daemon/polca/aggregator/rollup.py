@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from polca.aggregator.config import NodeSpec, RowSpec
+from polca.policy import trend
 from polca.telemetry.schema import Meter, Status, Telemetry
 
 NodeHealth = Literal["fresh", "stale", "offline", "unknown"]
@@ -232,12 +233,4 @@ class RowTracker:
 
     def trend_w_per_s(self, now_s: float, window_s: float) -> float | None:
         """Least-squares slope of row power over the last ``window_s``; None if too few."""
-        points = [(t, p) for t, p in self.history if now_s - t <= window_s]
-        if len(points) < 3:
-            return None
-        mean_t = sum(t for t, _ in points) / len(points)
-        mean_p = sum(p for _, p in points) / len(points)
-        var_t = sum((t - mean_t) ** 2 for t, _ in points)
-        if var_t <= 0:
-            return None
-        return sum((t - mean_t) * (p - mean_p) for t, p in points) / var_t
+        return trend.trend_w_per_s(self.history, now_s, window_s=window_s)

@@ -1,7 +1,14 @@
-"""Sources of CDU telemetry: a simulated cooling plant, a Modbus TCP poller, publishers.
+"""Liquid cooling: the sources of CDU telemetry, and the supervision of the loops they serve.
 
-The public names live in the modules (``polca.cooling.plant``, ``.registers``,
-``.modbus``, ``.publisher``, ``.faults``, ``.config``, ``.cli``); this package imports none
-of them, so that ``polca`` starts fast and only ``polca.cooling.modbus`` pulls in
-``pymodbus``.
+Sources (run as ``polca cdu``): a simulated cooling plant (``polca.cooling.plant``,
+``.faults``), a Modbus TCP poller (``.modbus``, ``.registers``), their publishers
+(``.publisher``), process settings (``.config``) and command line (``.cli``).
+
+Supervision (pure, run by the aggregator): the loops' settings (``.loops``), the supervisor
+(``.supervisor``) and its parts: alarm specs and their engine (``.alarms``, ``.debounce``),
+capacity and thermal budgets (``.budgets``), heat balance (``.heat``), the evidence of one
+instant (``.evidence``).
+
+The public names live in the modules; this package imports none of them, so that
+``polca`` starts fast and only ``polca.cooling.modbus`` pulls in ``pymodbus``.
 """

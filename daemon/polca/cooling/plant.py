@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from polca.cooling.faults import FAULT_KINDS, FaultKind
-from polca.gpu.loads import MASK64, mix64
+from polca.seeds import MASK64, mix64
 from polca.telemetry.schema import CduTelemetry
 
 __all__ = [

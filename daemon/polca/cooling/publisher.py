@@ -23,7 +23,6 @@ What this module must not do: model physics, decode registers, or own the MQTT c
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 
 import structlog
 
+from polca import aiokit
 from polca.errors import ConfigError, TransportError
 from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.checks import DropLog
@@ -123,23 +123,6 @@ async def publish_poll_once(
     return telemetry
 
 
-async def _every(interval_s: float, tick: Callable[[], object]) -> NoReturn:
-    """Call ``tick`` (awaiting it if it returns an awaitable) every ``interval_s``."""
-    if interval_s <= 0:
-        msg = f"interval_s must be > 0, got {interval_s}"
-        raise ValueError(msg)
-    loop = asyncio.get_running_loop()
-    next_t = loop.time()
-    while True:
-        result = tick()
-        if asyncio.iscoroutine(result):
-            await result
-        next_t += interval_s
-        now = loop.time()
-        next_t = max(next_t, now)  # after a slow tick, skip the missed ones: no bunching
-        await asyncio.sleep(next_t - now)
-
-
 async def run_plant(
     bus: Publisher,
     plant: SimulatedCdu,
@@ -155,7 +138,7 @@ async def run_plant(
     input is its sum times the capture fraction. Without it the heat input stays as set.
     """
     log.info("cdu_plant_started", cdu=plant.name, loop=plant.loop, site=site, interval_s=interval_s)
-    await _every(
+    await aiokit.every(
         interval_s,
         lambda: publish_plant_once(bus, plant, site=site, topics=topics, rack_power_w=rack_power_w),
     )
@@ -185,7 +168,7 @@ async def run_poller(
     )
     failures = DropLog("cdu_poll_failed")
     try:
-        await _every(
+        await aiokit.every(
             interval_s,
             lambda: publish_poll_once(bus, poller, site=site, topics=topics, failures=failures),
         )

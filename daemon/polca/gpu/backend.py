@@ -141,3 +141,82 @@ class GpuBackend(Protocol):
     def close(self) -> None:
         """Release the library; idempotent."""
         ...
+
+
+# --- writes, as data -------------------------------------------------------------------
+#
+# The agent plans what to write (pure, on the event loop) and the hardware seam executes
+# it (``ThreadedGpu.write``, on the GPU thread); a new kind of action is one more class
+# here with its ``execute``.
+
+
+@dataclass(frozen=True, slots=True)
+class LockSmClocks:
+    """Lock the SM clock of GPU ``index`` to [``min_mhz``, ``max_mhz``]."""
+
+    index: int
+    min_mhz: int
+    max_mhz: int
+
+    def execute(self, backend: GpuBackend) -> None:
+        """Do it through ``backend``."""
+        backend.lock_sm_clocks_mhz(self.index, self.min_mhz, self.max_mhz)
+
+
+@dataclass(frozen=True, slots=True)
+class ResetSmClocks:
+    """Remove any SM clock lock of GPU ``index``."""
+
+    index: int
+
+    def execute(self, backend: GpuBackend) -> None:
+        """Do it through ``backend``."""
+        backend.reset_sm_clocks(self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class SetPowerLimit:
+    """Set the power limit of GPU ``index``; the limit is read back right after."""
+
+    index: int
+    limit_mw: int
+
+    def execute(self, backend: GpuBackend) -> None:
+        """Do it through ``backend``."""
+        backend.set_power_limit_mw(self.index, self.limit_mw)
+
+
+GpuWrite = LockSmClocks | ResetSmClocks | SetPowerLimit
+"""Every kind of write polca makes to a GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one write did: ``error`` when it failed, the read-back sample after a limit."""
+
+    write: GpuWrite
+    error: Exception | None = None
+    readback: GpuSample | None = None
+
+
+def execute_writes(
+    backend: GpuBackend, batches: Sequence[Sequence[GpuWrite]]
+) -> list[list[WriteResult]]:
+    """Each GPU's writes in order through ``backend``; a GPU's first failure ends its writes.
+
+    Synchronous: ``ThreadedGpu.write`` runs it on the GPU thread. Every exception is an
+    outcome (one GPU's surprise must not stop the others' writes).
+    """
+    out: list[list[WriteResult]] = []
+    for batch in batches:
+        results: list[WriteResult] = []
+        for write in batch:
+            try:
+                write.execute(backend)
+                readback = backend.sample(write.index) if isinstance(write, SetPowerLimit) else None
+            except Exception as exc:
+                results.append(WriteResult(write, exc))
+                break
+            results.append(WriteResult(write, None, readback))
+        out.append(results)
+    return out

@@ -5,11 +5,14 @@ that everything above the seam (sampler, actuator, policy, telemetry) runs uncha
 without hardware:
 
 - utilization comes from a load profile (idle, constant, bursty LLM inference, ramp,
-  square wave, or a scripted trace; see ``polca.gpu.loads``);
+  square wave, or a scripted trace; see ``polca.workload``);
 - power = idle + utilization x dynamic power, where the SM clock scales the compute part
-  roughly as f x V^2 ~ (f / f_max) ** 2.5 and memory power does not scale with it;
-- the power limit is met by lowering the SM clock (reason ``SW_POWER_CAP``), a clock lock
-  caps it, and a hot die slows it down (``SW_THERMAL_SLOWDOWN``);
+  roughly as f x V^2 ~ (f / f_max) ** 2.5 and memory power does not scale with it (the
+  curve the row simulator uses too, ``polca.physics.power``; the GPU presets are
+  ``polca.physics.presets``);
+- the power limit is met by lowering the SM clock to the highest supported clock that fits
+  (reason ``SW_POWER_CAP``), a clock lock caps it, and a hot die slows it down
+  (``SW_THERMAL_SLOWDOWN``);
 - the die temperature follows a first-order model T' = (T_coolant + R P - T) / tau;
 - the energy counter integrates power.
 
@@ -49,8 +52,11 @@ from polca.gpu.backend import (
     GpuInfo,
     GpuSample,
 )
-from polca.gpu.loads import (
-    MASK64,
+from polca.gpu.clocks import snap_down_to_grid_mhz
+from polca.physics import power
+from polca.physics.presets import GpuModel, get_model
+from polca.seeds import MASK64, mix64
+from polca.workload.profiles import (
     ConstantLoad,
     InferenceLoad,
     LoadProfile,
@@ -58,11 +64,9 @@ from polca.gpu.loads import (
     ScriptedLoad,
     SquareLoad,
     load_profile,
-    mix64,
 )
-from polca.gpu.models import GpuModel, get_model
 
-# The load profiles moved to polca.gpu.loads; they stay importable from here.
+# The load profiles moved to polca.workload.profiles; they stay importable from here.
 __all__ = [
     "ConstantLoad",
     "InferenceLoad",
@@ -451,7 +455,13 @@ class SimulatedBackend:
             thermal_mhz = (
                 m.sm_clock_max_mhz - THERMAL_SLOWDOWN_STEP_MHZ - THERMAL_SLOWDOWN_MHZ_PER_C * over_c
             )
-            ceiling_mhz = min(ceiling_mhz, self._snap_down(thermal_mhz))
+            snapped_mhz = snap_down_to_grid_mhz(
+                thermal_mhz,
+                min_mhz=m.sm_clock_min_mhz,
+                max_mhz=m.sm_clock_max_mhz,
+                step_mhz=m.sm_clock_step_mhz,
+            )
+            ceiling_mhz = min(ceiling_mhz, snapped_mhz)
             reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
         if util == 0.0:
             clock_mhz = m.sm_clock_min_mhz
@@ -486,28 +496,34 @@ class SimulatedBackend:
         g.reasons = reasons
 
     def _power_w(self, util: float, clock_mhz: int) -> float:
+        """Power at ``util`` and ``clock_mhz``: idle plus the demand above it, clock-scaled."""
         m = self._model
-        ratio = clock_mhz / m.sm_clock_max_mhz
-        share = m.mem_power_share
-        dynamic = (1.0 - share) * math.pow(ratio, m.clock_power_exponent) + share
-        return m.idle_power_w + (m.max_demand_power_w - m.idle_power_w) * util * dynamic
+        return power.power_w(
+            m.idle_power_w,
+            (m.max_demand_power_w - m.idle_power_w) * util,
+            clock_frac=clock_mhz / m.sm_clock_max_mhz,
+            mem_share=m.mem_power_share,
+            clock_power_exponent=m.clock_power_exponent,
+        )
 
     def _clock_for_power(self, util: float, limit_w: float) -> int:
         """The highest supported clock at which ``util`` draws no more than ``limit_w``."""
         m = self._model
-        share = m.mem_power_share
-        dynamic = (limit_w - m.idle_power_w) / ((m.max_demand_power_w - m.idle_power_w) * util)
-        core = (dynamic - share) / (1.0 - share)
-        if core <= 0.0:
+        sm_scale = power.sm_scale_for_limit(
+            m.idle_power_w,
+            (m.max_demand_power_w - m.idle_power_w) * util,
+            limit_w=limit_w,
+            mem_share=m.mem_power_share,
+        )
+        if sm_scale <= 0.0:
             return m.sm_clock_min_mhz  # even the lowest clock exceeds the limit
-        ratio = math.pow(core, 1.0 / m.clock_power_exponent)
-        return self._snap_down(ratio * m.sm_clock_max_mhz)
-
-    def _snap_down(self, clock_mhz: float) -> int:
-        """Round down to a supported clock, within the supported range."""
-        m = self._model
-        steps = math.floor((clock_mhz - m.sm_clock_min_mhz) / m.sm_clock_step_mhz + 1e-9)
-        return min(m.sm_clock_max_mhz, m.sm_clock_min_mhz + max(0, steps) * m.sm_clock_step_mhz)
+        frac = power.clock_frac_for_sm_scale(sm_scale, clock_power_exponent=m.clock_power_exponent)
+        return snap_down_to_grid_mhz(
+            frac * m.sm_clock_max_mhz,
+            min_mhz=m.sm_clock_min_mhz,
+            max_mhz=m.sm_clock_max_mhz,
+            step_mhz=m.sm_clock_step_mhz,
+        )
 
     def _read(self, g: _Gpu) -> GpuSample:
         """Turn the state of ``g`` into a sample, as NVML would report it."""

@@ -25,7 +25,14 @@ from typing import Any, ParamSpec, Self, TypeVar
 import structlog
 
 from polca.errors import GpuError, GpuTransientError
-from polca.gpu.backend import GpuBackend, GpuInfo, GpuSample
+from polca.gpu.backend import (
+    GpuBackend,
+    GpuInfo,
+    GpuSample,
+    GpuWrite,
+    WriteResult,
+    execute_writes,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -191,6 +198,30 @@ class ThreadedGpu:
         await self._call(
             self._backend.reset_sm_clocks, (index,), {}, timeout_s=self._call_timeout_s, index=index
         )
+
+    async def write(self, batches: Sequence[Sequence[GpuWrite]]) -> list[list[WriteResult]]:
+        """Execute each GPU's writes in order, in one hop to the worker; results as data.
+
+        A batch is one GPU's writes: a failing write ends its batch (the GPU is left as
+        the earlier writes made it) and the other batches carry on. After a
+        ``SetPowerLimit`` the GPU is sampled, so the caller can check what the driver
+        enforces. The wait is bounded by ``call_timeout_s`` per write; past it every batch
+        is reported failed with ``GpuTransientError`` (the calls finish on the worker).
+        """
+        count = sum(len(batch) for batch in batches)
+        if count == 0:
+            return [[] for _ in batches]
+        frozen = tuple(tuple(batch) for batch in batches)
+        try:
+            return await self._call(
+                execute_writes,
+                (self._backend, frozen),
+                {},
+                timeout_s=self._call_timeout_s * count,
+                index=None,
+            )
+        except GpuTransientError as exc:
+            return [[WriteResult(batch[0], exc)] if batch else [] for batch in frozen]
 
     # --- health --------------------------------------------------------------------------
 

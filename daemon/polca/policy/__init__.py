@@ -24,6 +24,7 @@ from polca.policy.loader import (
 )
 from polca.policy.model import CapSpec, Level, Policy, ThermalGuard
 from polca.policy.schema import policy_json_schema
+from polca.policy.trend import trend_w_per_s
 
 __all__ = [
     "CapSpec",
@@ -46,4 +47,5 @@ __all__ = [
     "parse_policy",
     "policy_json_schema",
     "tighter",
+    "trend_w_per_s",
 ]

@@ -7,9 +7,10 @@ against an uncapped run; ``polca plan`` sweeps oversubscription for the largest 
 meets latency SLOs with zero power-brake events. ``docs/simulator.md`` describes the
 model and where its constants come from; ``docs/evaluation.md`` has the results.
 
-Modules: ``model`` (GPU, server and row physics and configuration), ``workload`` (trace
-to requests), ``runner`` (the time-stepped simulation), ``scenario`` (inputs to runs),
-``report`` (metrics and files), ``plots`` (PNG, optional matplotlib), ``plan`` (the
-sweep), ``cli`` and ``commands`` (the command line). Everything but ``cli`` needs numpy
+Modules: ``model`` (the per-phase GPU serving model, on ``polca.physics``' power curve;
+servers, rows and configuration), ``workload`` (trace to requests), ``runner`` (the
+time-stepped simulation), ``scenario`` (inputs to runs), ``report`` (metrics and files),
+``plots`` (PNG, optional matplotlib), ``plan`` (the sweep), ``cli`` and ``commands`` (the
+command line). Everything but ``cli`` needs numpy
 (the ``polca[sim]`` extra), so this package imports nothing on its own.
 """

@@ -23,7 +23,9 @@ is in ``docs/simulator.md``):
 - the dynamic part of power (above resident) splits into a memory share, which a clock
   lock does not touch, and an SM share scaling as ``(f / f_max) ** clock_power_exponent``
   (f x V^2 with V rising with f); the memory share is small for prefill and large for
-  decode;
+  decode. That curve, and the clock a power limit leaves, are ``polca.physics.power``,
+  which the simulated backend uses too; the per-phase powers, speeds and their clock
+  sensitivity are this simulator's own;
 - the GPU's **power limit** (TDP by default, or a cap from the policy) is met by lowering
   the clock until the phase's power fits, as the GPU's own power controller does; a
   prefill spike, shorter than the controller's averaging window, may exceed it by
@@ -42,8 +44,9 @@ import numpy as np
 import numpy.typing as npt
 
 from polca.errors import ConfigError
-from polca.gpu.models import GpuModel, get_model
-from polca.gpu.trace import serving_model
+from polca.physics import power
+from polca.physics.presets import GpuModel, get_model
+from polca.workload.serving import serving_model
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]
@@ -109,9 +112,13 @@ class SimGpu:
 
     def power_w(self, full_w: FloatArray, clock_frac: FloatArray, mem_share: float) -> FloatArray:
         """Power of a phase that draws ``full_w`` at max clock, run at ``clock_frac``."""
-        dynamic_w = np.maximum(full_w - self.resident_power_w, 0.0)
-        scale = mem_share + (1.0 - mem_share) * clock_frac**self.clock_power_exponent
-        return self.resident_power_w + dynamic_w * scale
+        return power.power_w(
+            self.resident_power_w,
+            np.maximum(full_w - self.resident_power_w, 0.0),
+            clock_frac=clock_frac,
+            mem_share=mem_share,
+            clock_power_exponent=self.clock_power_exponent,
+        )
 
     def clock_for_limit(
         self, full_w: FloatArray, limit_w: FloatArray, mem_share: float
@@ -122,9 +129,13 @@ class SimGpu:
         go lower, so it runs over the limit there, as a real one would).
         """
         dynamic_w = np.maximum(full_w - self.resident_power_w, 1e-9)
-        share = (limit_w - self.resident_power_w) / dynamic_w
-        sm = np.clip((share - mem_share) / (1.0 - mem_share), 0.0, 1.0)
-        return np.clip(sm ** (1.0 / self.clock_power_exponent), self.min_clock_frac, 1.0)
+        sm_scale = power.sm_scale_for_limit(
+            self.resident_power_w, dynamic_w, limit_w=limit_w, mem_share=mem_share
+        )
+        clock_frac = power.clock_frac_for_sm_scale(
+            np.clip(sm_scale, 0.0, 1.0), clock_power_exponent=self.clock_power_exponent
+        )
+        return np.clip(clock_frac, self.min_clock_frac, 1.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,10 +29,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from polca.gpu.trace import Trace
 from polca.policy import Policy
 from polca.sim.model import ControlConfig, SimConfigError
 from polca.sim.scenario import Scenario, run_once, summarize
+from polca.workload.trace import Trace
 
 
 @dataclass(frozen=True, slots=True)

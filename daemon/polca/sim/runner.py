@@ -5,7 +5,7 @@ numpy over GPUs and in-flight requests. Each step:
 
 1. **control**: every ``telemetry_period_s`` the row controller reads the row power
    averaged over one period and ``telemetry_delay_s`` old, computes the least-squares
-   trend over ``trend_window_s`` (as the aggregator does), and calls
+   trend over ``trend_window_s`` (``polca.policy.trend``, as the aggregator does), and calls
    ``polca.policy.next_level``, the aggregator's ladder; a level change is sent to every
    server of the row. Like the aggregator after its warm-up, the trend history starts
    only after ``warmup_s``: the row filling up from idle is not a trend;
@@ -49,7 +49,9 @@ import numpy as np
 import numpy.typing as npt
 
 import polca.policy as policy_api
+from polca.physics import power
 from polca.policy import ControlInput, EngineState, GpuView, LadderState, Policy
+from polca.policy.trend import trend_w_per_s
 from polca.sim.model import FloatArray, IntArray, SimConfig, SimConfigError
 from polca.sim.workload import HP, LP, Workload
 
@@ -184,21 +186,6 @@ class _Engine:
         )
         self.cache[level] = (np.minimum(clock, 1.0), limit)
         return self.cache[level]
-
-
-def trend_w_per_s(
-    history: list[tuple[float, float]], now_s: float, window_s: float
-) -> float | None:
-    """Least-squares slope over the window, as the aggregator's row rollup computes it."""
-    points = [(t, p) for t, p in history if now_s - t <= window_s]
-    if len(points) < 3:
-        return None
-    mean_t = sum(t for t, _ in points) / len(points)
-    mean_p = sum(p for _, p in points) / len(points)
-    var_t = sum((t - mean_t) ** 2 for t, _ in points)
-    if var_t <= 0:
-        return None
-    return sum((t - mean_t) * (p - mean_p) for t, p in points) / var_t
 
 
 @dataclass(slots=True)
@@ -395,7 +382,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
                     policy=engine.policy,
                     state=ladders[r],
                     now_s=t0,
-                    trend_w_per_s=trend_w_per_s(hist, t0, ctl.trend_window_s),
+                    trend_w_per_s=trend_w_per_s(hist, t0, window_s=ctl.trend_window_s),
                 )
                 ladder_calls += 1
                 if ladders[r].level != before:
@@ -430,9 +417,8 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
             lock_eff = np.where(braking[row_of_gpu], np.minimum(lock, brake_frac), lock)
             limits_bind = bool(np.any(limit < tdp_w))
             slowed = limits_bind or bool(np.any(lock_eff < 1.0))
-            xa = lock_eff**alpha
-            scale_pre = m_p + (1.0 - m_p) * xa
-            scale_dec = m_d + (1.0 - m_d) * xa
+            scale_pre = power.dynamic_scale(lock_eff, mem_share=m_p, clock_power_exponent=alpha)
+            scale_dec = power.dynamic_scale(lock_eff, mem_share=m_d, clock_power_exponent=alpha)
             speed_pre = lock_eff**e_p
             sos = scale_pre / speed_pre
             dec_speed = lock_eff**e_d
@@ -443,7 +429,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
         if limits_bind:  # the GPUs' power controllers hold the limit: clocks move each step
             x = gpu.clock_for_limit(pre_dyn_prev + resident_w, limit * over_limit, m_p)
             np.minimum(x, lock_eff, out=x)
-            scale_pre = m_p + (1.0 - m_p) * x**alpha
+            scale_pre = power.dynamic_scale(x, mem_share=m_p, clock_power_exponent=alpha)
             speed_pre = x**e_p
             sos = scale_pre / speed_pre
             q_lim = max_wait_s * speed_pre
@@ -533,7 +519,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
             if limits_bind:
                 x = gpu.clock_for_limit(tdp_w * dec_frac_tab.take(n_dec, mode="clip"), limit, m_d)
                 np.minimum(x, lock_eff, out=x)
-                scale_dec = m_d + (1.0 - m_d) * x**alpha
+                scale_dec = power.dynamic_scale(x, mem_share=m_d, clock_power_exponent=alpha)
                 dec_speed = x**e_d
                 tbt_slow = tbt_s / dec_speed
             token_s = tbt_slow * dec_pen_tab.take(n_dec, mode="clip")
@@ -645,4 +631,4 @@ def _cum_before(g: IntArray, work: FloatArray) -> FloatArray:
     return out
 
 
-__all__ = ["MAX_ROWS", "BrakeEvent", "RunResult", "assign_classes", "run", "trend_w_per_s"]
+__all__ = ["MAX_ROWS", "BrakeEvent", "RunResult", "assign_classes", "run"]

@@ -15,7 +15,6 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from polca.gpu.trace import Trace
 from polca.policy import Policy
 from polca.sim import report
 from polca.sim.model import (
@@ -28,6 +27,7 @@ from polca.sim.model import (
 )
 from polca.sim.runner import RunResult, assign_classes, run
 from polca.sim.workload import Envelope, Workload, WorkloadSpec, build_workload
+from polca.workload.trace import Trace
 
 CALIBRATION_TOLERANCE_PCT = 0.5
 

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from polca.gpu.trace import Trace
 from polca.sim.model import FloatArray, SimConfigError
+from polca.workload.trace import Trace
 
 BUILTIN_TRACES = ("azure-code", "synthetic-chat")
 HP, LP = 0, 1  # class indices: high priority first, as policies list them
@@ -204,7 +204,7 @@ def synthetic_chat_trace(*, duration_s: float = 3600.0, seed: int = 0) -> Trace:
 def load_trace(spec: str | Path, *, seed: int = 0) -> Trace:
     """``azure-code`` (the bundled trace), ``synthetic-chat``, or a CSV file path.
 
-    A malformed CSV raises ``polca.gpu.trace.TraceError`` whose message starts with
+    A malformed CSV raises ``polca.workload.trace.TraceError`` whose message starts with
     ``FILE:LINE:``.
     """
     text = str(spec)

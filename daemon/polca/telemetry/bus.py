@@ -33,16 +33,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import random
 import ssl
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import aiomqtt
 import structlog
 from aiomqtt.exceptions import MqttConnectError
 
+from polca import aiokit
 from polca.errors import ConfigError, TransportAuthError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from polca.settings import MqttSettings
 
-__all__ = ["BusStats", "InMessage", "MqttBus", "OutMessage", "topic_matches"]
+__all__ = ["Bus", "BusFactory", "BusStats", "InMessage", "MqttBus", "OutMessage", "topic_matches"]
 
 # CONNACK refusals that retrying with the same settings cannot fix. MQTT 3.1.1 return codes
 # 4 (bad user name or password) and 5 (not authorised); paho 2.x reports them as the MQTT 5
@@ -122,6 +122,56 @@ class _Outgoing:
     def resolve(self, *, sent: bool) -> None:
         if self.sent is not None and not self.sent.done():
             self.sent.set_result(sent)
+
+
+class Bus(Protocol):
+    """What a daemon needs of its message bus; ``MqttBus`` and ``telemetry.memory.MemoryBus``.
+
+    ``run()`` keeps the connection up until ``close()``; ``connected`` is set while it is;
+    ``publish_nowait`` never blocks the caller; ``get`` waits for the next received
+    message; ``close`` sends the last words and ends ``run()``.
+    """
+
+    connected: asyncio.Event
+
+    @property
+    def stats(self) -> BusStats:
+        """A snapshot of the counters."""
+        ...
+
+    async def run(self) -> None:
+        """Stay connected until ``close()``."""
+        ...
+
+    async def get(self) -> InMessage:
+        """The next received message."""
+        ...
+
+    def publish_nowait(self, msg: OutMessage) -> None:
+        """Queue ``msg`` without waiting."""
+        ...
+
+    async def close(self, *, final: Sequence[OutMessage] = (), timeout_s: float = 5.0) -> bool:
+        """Publish ``final``, flush, disconnect, let ``run()`` return; whether all was sent."""
+        ...
+
+
+class BusFactory(Protocol):
+    """Makes a daemon's bus; ``MqttBus`` itself, or ``MemoryBroker.bus``."""
+
+    def __call__(
+        self,
+        settings: MqttSettings,
+        *,
+        client_id: str,
+        will: OutMessage | None = None,
+        subscriptions: Sequence[tuple[str, int]] = (),
+        birth: Callable[[], Sequence[OutMessage]] | None = None,
+        clock_ns: Callable[[], int] = ...,
+        mono_ns: Callable[[], int] = ...,
+    ) -> Bus:
+        """A bus for one client (no I/O until ``run()``)."""
+        ...
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
@@ -289,7 +339,7 @@ class MqttBus:
         self._stopped.clear()
         try:
             tls_context = await asyncio.to_thread(_tls_context, self._settings)
-            failures = 0
+            delays = self._new_backoff()
             while not self._stop.is_set():
                 connected = False
                 client = self._new_client(tls_context)
@@ -304,11 +354,10 @@ class MqttBus:
                     if task is not None and task.cancelling():
                         raise asyncio.CancelledError from exc
                     _raise_if_fatal(exc, self._settings)
-                    failures = 0 if connected else failures + 1
+                    if connected:  # the first reconnect after an outage is quick
+                        delays = self._new_backoff()
                     self._last_error = str(exc)
-                    delay_s = _backoff_s(
-                        failures, self._settings.reconnect_min_s, self._settings.reconnect_max_s
-                    )
+                    delay_s = next(delays)
                     self._log.warning(
                         "mqtt_disconnected",
                         error=str(exc),
@@ -327,6 +376,9 @@ class MqttBus:
             self.connected.clear()
             self._running = False
             self._stopped.set()
+
+    def _new_backoff(self) -> Iterator[float]:
+        return aiokit.backoff_delays(self._settings.reconnect_min_s, self._settings.reconnect_max_s)
 
     def _new_client(self, tls_context: ssl.SSLContext | None) -> aiomqtt.Client:
         settings = self._settings
@@ -538,16 +590,6 @@ async def _reap(client: aiomqtt.Client) -> None:
     task = getattr(client, "_misc_task", None)
     if isinstance(task, asyncio.Task) and not task.done():
         await asyncio.wait({task}, timeout=_FAREWELL_TIMEOUT_S)
-
-
-def _backoff_s(failures: int, min_s: float, max_s: float) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(max_s, min_s * 2**failures)].
-
-    ``failures`` counts attempts failed since the last good connection (0 right after a
-    connection broke), so the first reconnect after an outage is quick.
-    """
-    ceiling_s = min(max_s, min_s * 2.0 ** min(failures, 32))
-    return random.uniform(0.0, ceiling_s)  # noqa: S311 - jitter, not cryptography
 
 
 def _raise_if_fatal(exc: aiomqtt.MqttError, settings: MqttSettings) -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polca.aggregator.spool import (
+from polca.export.spool import (
     HEADER,
     Spool,
     decode_legacy,

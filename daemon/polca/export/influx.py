@@ -1,11 +1,11 @@
-"""The telemetry sink: points from the aggregator into InfluxDB, without losing them.
+"""The InfluxDB sink: points from the aggregator into InfluxDB, without losing them.
 
 Why this module exists: the aggregator's loops must never wait for, or fail because of, the
 time-series database. ``Sink.write`` only appends to memory; ``run`` sends batches in the
-background; an outage of the database is bridged by an on-disk spool that is replayed when
-the database answers again, including after a restart of the aggregator. This is the only
-module that imports ``influxdb_client`` and ``aiohttp`` (lazily: they are heavy to import and
-only a running sink needs them).
+background; an outage of the database is bridged by an on-disk spool (``spool.py``) that is
+replayed when the database answers again, including after a restart of the aggregator. The
+HTTP write itself is ``transport.py``'s, the only importer of ``influxdb_client`` and
+``aiohttp``.
 
 What it must not do: retry bad data forever, grow without bound, or block the event loop on
 the network. The rules, each counted in ``stats`` and logged:
@@ -39,168 +39,30 @@ leftovers of a crash or a full disk) is counted and logged here, never fatal. Se
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import json
 import os
-import re
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import structlog
 
 from polca import aiokit
-from polca.aggregator.spool import Spool
-from polca.errors import ConfigError, PolcaError, RetryableError
+from polca.errors import BatchRejectedError, ConfigError, InfluxUnavailableError
+from polca.export.sink import SinkStats
+from polca.export.spool import Spool
+from polca.export.transport import PRECISION, Transport, V1Transport, V2Transport, redacted
 
 if TYPE_CHECKING:
-    import aiohttp
-    from influxdb_client.client.influxdb_client_async import InfluxDBClientAsync
-    from influxdb_client.client.write_api_async import WriteApiAsync
-    from influxdb_client.domain.write_precision import WritePrecision
-
-    from polca.aggregator.points import Point
+    from polca.export.points import Point
     from polca.settings import InfluxSettings
 
 _T = TypeVar("_T")
 
-PRECISION: Final = "ms"
-"""Timestamp precision of every write and of the spool files."""
-
-_RETRY_STATUSES: Final = frozenset({401, 403, 404, 408, 429})
 _DROP_LOG_INTERVAL_S: Final = 60.0
 _SPOOL_RETRY_S: Final = 5.0
 _CLOSE_RESERVE_FRACTION: Final = 0.3
-_ERROR_MAX_CHARS: Final = 500
-# InfluxDB 1.x: "partial write: <reason> dropped=N"; N leaves out the lines that failed to
-# parse, which it lists instead, one "unable to parse '<line>': <why>" per line, joined by
-# newlines (a line itself never holds a newline).
-_DROPPED: Final = re.compile(r" dropped=([0-9]+)\s*\Z")
-_UNPARSED: Final = re.compile(r"(?:\A|\n)(?:partial write: )?unable to parse '")
-
-
-class InfluxUnavailableError(RetryableError):
-    """The database did not take a batch now (unreachable, overloaded, misconfigured).
-
-    The batch is kept and sent again later; ``status`` is the HTTP status, if any.
-    """
-
-    def __init__(self, msg: str, *, status: int | None = None, delay_s: float = 0.0) -> None:
-        super().__init__(msg, delay_s=delay_s)
-        self.status = status
-
-
-class BatchRejectedError(PolcaError):
-    """The database refused a batch's data (HTTP 4xx): sending it again cannot help.
-
-    ``kind`` identifies the class of error for logging once; ``dropped_points`` is the
-    number of points the database says it dropped (a partial write), when it says so.
-    """
-
-    def __init__(self, msg: str, *, status: int, kind: str, dropped_points: int | None) -> None:
-        super().__init__(msg)
-        self.status = status
-        self.kind = kind
-        self.dropped_points = dropped_points
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SinkStats:
-    """A snapshot of a sink's counters (totals since start) and gauges (now)."""
-
-    points_written: int = 0
-    """Points the database accepted."""
-    points_dropped: int = 0
-    """Points given up, for any reason (see ``dropped``); includes ``points_rejected``."""
-    points_rejected: int = 0
-    """Points the database refused as bad data."""
-    points_spooled: int = 0
-    """Points written to the spool (a point replayed twice counts twice)."""
-    spool_points: int = 0
-    """Points waiting in the spool now."""
-    spool_bytes: int = 0
-    """Size of the spool now."""
-    points_buffered: int = 0
-    """Points waiting in memory now."""
-    write_errors: int = 0
-    """Write requests that failed (outage or rejection)."""
-    last_error: str | None = None
-    """The last write error, for operators."""
-    dropped: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Dropped points by reason: memory_full, spool_full, spool_unreadable (a segment that
-    cannot be read, or is no file), spool_corrupt (records a segment lacks: cut, altered or
-    foreign), rejected, closed, invalid (a value line protocol cannot carry)."""
-
-
-class Sink(Protocol):
-    """Where the aggregator's points go; the seam between its loops and the database."""
-
-    def write(self, points: Sequence[Point]) -> None:
-        """Queue points for writing; never blocks, never raises."""
-        ...
-
-    async def run(self) -> None:
-        """Send queued points until closed (returns after ``close``)."""
-        ...
-
-    async def close(self, timeout_s: float) -> None:
-        """Final flush, bounded by ``timeout_s``; later writes are dropped and counted."""
-        ...
-
-    @property
-    def stats(self) -> SinkStats:
-        """Counters and gauges of this sink."""
-        ...
-
-
-class MemorySink:
-    """A sink that keeps points in a list: for tests and simulations without a database."""
-
-    def __init__(self, *, max_points: int | None = None) -> None:
-        self.points: list[Point] = []
-        """Every point written and not dropped, in order."""
-        self._max_points = max_points
-        self._dropped: dict[str, int] = {}
-        self._written = 0
-        self._closed = asyncio.Event()
-
-    def write(self, points: Sequence[Point]) -> None:
-        """Record the points (dropped and counted once the sink is closed)."""
-        if self._closed.is_set():
-            self._dropped["closed"] = self._dropped.get("closed", 0) + len(points)
-            return
-        self.points.extend(points)
-        self._written += len(points)
-        if self._max_points is not None and len(self.points) > self._max_points:
-            excess = len(self.points) - self._max_points
-            del self.points[:excess]
-            self._dropped["memory_full"] = self._dropped.get("memory_full", 0) + excess
-
-    def measurement(self, name: str) -> list[Point]:
-        """The recorded points of one measurement."""
-        return [p for p in self.points if p.measurement == name]
-
-    async def run(self) -> None:
-        """Wait until closed."""
-        await self._closed.wait()
-
-    async def close(self, timeout_s: float) -> None:
-        """Stop recording."""
-        self._closed.set()
-
-    @property
-    def stats(self) -> SinkStats:
-        """Points recorded and dropped."""
-        return SinkStats(
-            points_written=self._written,
-            points_dropped=sum(self._dropped.values()),
-            points_buffered=len(self.points),
-            dropped=dict(self._dropped),
-        )
 
 
 def resolve_token(settings: InfluxSettings) -> str | None:
@@ -229,166 +91,6 @@ def resolve_token(settings: InfluxSettings) -> str | None:
 def _first_line(path: Path) -> str:
     lines = path.read_text(encoding="utf-8").splitlines()
     return lines[0].strip() if lines else ""
-
-
-def _redacted(url: str) -> str:
-    """The URL without user:password, for logs."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
-def _error_text(body: bytes | str | None) -> str:
-    """The message in an InfluxDB error body (``{"error": ...}`` or ``{"message": ...}``)."""
-    if body is None:
-        return ""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    with contextlib.suppress(ValueError, AttributeError):
-        parsed = json.loads(text)
-        for key in ("error", "message"):
-            if isinstance(parsed.get(key), str):
-                return str(parsed[key])
-    return text.strip()[:500]
-
-
-def classify_status(status: int, message: str, *, retry_after: str | None = None) -> PolcaError:
-    """The error for a non-2xx answer: retry later (outage) or drop the batch (bad data).
-
-    For bad data, ``dropped_points`` is what a partial write names: the ``dropped=N`` of
-    InfluxDB 1.x plus the lines it lists as unparsable; None when the answer names nothing
-    (the whole batch, as far as the sink can tell).
-    """
-    if status >= 500 or status in _RETRY_STATUSES:
-        delay_s = 0.0
-        with contextlib.suppress(TypeError, ValueError):
-            delay_s = float(retry_after) if retry_after is not None else 0.0
-        hint = ""
-        if status == 404:
-            hint = " (wrong URL, missing database/bucket, or an InfluxDB 1.x needing api: v1?)"
-        elif status in {401, 403}:
-            hint = " (check the token / user name and password)"
-        msg = f"HTTP {status}: {message}{hint}"
-        return InfluxUnavailableError(msg, status=status, delay_s=delay_s)
-    dropped_points: int | None = None
-    dropped = _DROPPED.search(message)
-    if dropped is not None and "partial write:" in message:
-        dropped_points = int(dropped.group(1)) + len(_UNPARSED.findall(message))
-    # One kind per class of error: quoted names and numbers vary from batch to batch.
-    kind = re.sub(r"\d+", "N", re.split(r"[\"'`]", message, maxsplit=1)[0]).strip()
-    if len(message) > _ERROR_MAX_CHARS:  # InfluxDB quotes every bad line: keep logs short
-        message = message[: _ERROR_MAX_CHARS - 1] + "…"
-    return BatchRejectedError(
-        f"HTTP {status}: {message}",
-        status=status,
-        kind=f"{status}:{kind[:80]}",
-        dropped_points=dropped_points,
-    )
-
-
-class _Transport(Protocol):
-    async def send(self, body: bytes) -> None:
-        """POST one line-protocol body; raise InfluxUnavailableError or BatchRejectedError."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release connections."""
-        ...
-
-
-class _V2Transport:
-    """``/api/v2/write`` through influxdb-client's async API (no batching or retries there)."""
-
-    def __init__(self, settings: InfluxSettings, token: str | None) -> None:
-        self._settings = settings
-        self._token = token
-        self._client: InfluxDBClientAsync | None = None
-        self._write_api: WriteApiAsync | None = None
-
-    async def send(self, body: bytes) -> None:
-        import aiohttp  # noqa: PLC0415 - heavy; imported when the first batch goes out
-        from influxdb_client.client.exceptions import InfluxDBError  # noqa: PLC0415
-        from influxdb_client.client.influxdb_client_async import (  # noqa: PLC0415
-            InfluxDBClientAsync,
-        )
-        from influxdb_client.domain.write_precision import (  # noqa: PLC0415
-            WritePrecision as Precision,
-        )
-        from influxdb_client.rest import ApiException  # noqa: PLC0415
-
-        settings = self._settings
-        if self._client is None or self._write_api is None:
-            # The async client must be made inside the running loop.
-            self._client = InfluxDBClientAsync(
-                url=str(settings.url),
-                token=self._token or "",  # empty: no Authorization header
-                org=settings.org,
-                timeout=int(settings.timeout_s * 1000),
-            )
-            self._write_api = self._client.write_api()
-        try:
-            await self._write_api.write(
-                bucket=settings.bucket,
-                org=settings.org,
-                record=body,
-                write_precision=cast("WritePrecision", Precision.MS),
-            )
-        except ApiException as exc:
-            status = int(exc.status or 0)
-            message = _error_text(exc.body) or str(exc.reason)
-            retry_after = exc.headers.get("Retry-After") if exc.headers else None
-            raise classify_status(status, message, retry_after=retry_after) from exc
-        except (InfluxDBError, aiohttp.ClientError, TimeoutError, OSError) as exc:
-            msg = f"{type(exc).__name__}: {exc}"
-            raise InfluxUnavailableError(msg) from exc
-
-    async def aclose(self) -> None:
-        client, self._client, self._write_api = self._client, None, None
-        if client is not None:
-            await client.close()  # type: ignore[no-untyped-call]
-
-
-class _V1Transport:
-    """``/write?db=&rp=&precision=ms`` of InfluxDB 1.x, posted with aiohttp."""
-
-    def __init__(self, settings: InfluxSettings, token: str | None) -> None:
-        self._settings = settings
-        self._password = token
-        self._session: aiohttp.ClientSession | None = None
-        params = {"db": settings.database, "precision": PRECISION}
-        if settings.retention_policy:
-            params["rp"] = settings.retention_policy
-        self._url = f"{str(settings.url).rstrip('/')}/write?{urllib.parse.urlencode(params)}"
-
-    async def send(self, body: bytes) -> None:
-        import aiohttp  # noqa: PLC0415 - heavy; imported when the first batch goes out
-
-        settings = self._settings
-        if self._session is None:
-            auth = None
-            if settings.username is not None:
-                auth = aiohttp.BasicAuth(settings.username, self._password or "")
-            self._session = aiohttp.ClientSession(
-                auth=auth, timeout=aiohttp.ClientTimeout(total=settings.timeout_s)
-            )
-        try:
-            async with self._session.post(
-                self._url, data=body, headers={"Content-Type": "text/plain; charset=utf-8"}
-            ) as response:
-                if 200 <= response.status < 300:
-                    return
-                message = _error_text(await response.read())
-                raise classify_status(
-                    response.status, message, retry_after=response.headers.get("Retry-After")
-                )
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            msg = f"{type(exc).__name__}: {exc}"
-            raise InfluxUnavailableError(msg) from exc
-
-    async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
 
 
 async def _in_thread(function: Callable[..., _T], *args: Any) -> _T:
@@ -426,7 +128,7 @@ class InfluxSink:
         self._settings = settings
         self._token = token
         self._clock = clock
-        self._log_context = {"sink": "influx", "url": _redacted(settings.url), "api": settings.api}
+        self._log_context = {"sink": "influx", "url": redacted(settings.url), "api": settings.api}
         self._memory: deque[bytes] = deque()
         self._oldest_at: float | None = None
         self._wake = asyncio.Event()
@@ -442,7 +144,7 @@ class InfluxSink:
             else None
         )
         self._spool_retry_at = 0.0
-        self._transport: _Transport | None = None
+        self._transport: Transport | None = None
         # Outage bookkeeping: when it began, when to try next, how to back off.
         self._outage_since: float | None = None
         self._recovered_at: float | None = None
@@ -594,9 +296,9 @@ class InfluxSink:
                 )
         self._started = True
 
-    def _get_transport(self) -> _Transport:
+    def _get_transport(self) -> Transport:
         if self._transport is None:
-            factory = _V2Transport if self._settings.api == "v2" else _V1Transport
+            factory = V2Transport if self._settings.api == "v2" else V1Transport
             self._transport = factory(self._settings, self._token)
         return self._transport
 
@@ -887,3 +589,12 @@ class InfluxSink:
                     spool_points=self._spool.points,
                     spool_bytes=self._spool.size_bytes,
                 )
+
+
+def make_sink(influx: InfluxSettings, *, state_dir: Path) -> InfluxSink | None:
+    """The InfluxDB sink the settings ask for (spooling under ``state_dir``), or None."""
+    if influx.url is None:
+        return None
+    if influx.spool_dir is None:
+        influx = influx.model_copy(update={"spool_dir": state_dir / "spool"})
+    return InfluxSink(influx, token=resolve_token(influx))

@@ -1,9 +1,10 @@
-"""Presets of the GPUs the simulated backend can pretend to be.
+"""Presets of the GPUs the simulated backend and the row simulator can pretend to be.
 
-The simulator (``polca.gpu.simulated``) needs the electrical, clock and thermal envelope of
-a GPU; real GPUs report most of it through NVML, so these presets exist only for the
-simulated backend and for capacity planning. They are data, not behaviour: the physics
-lives in ``simulated.py``.
+Both simulators (``polca.gpu.simulated``, one node; ``polca.sim``, a whole row) need the
+electrical, clock and thermal envelope of a GPU; real GPUs report most of it through NVML,
+so these presets exist only for simulation and capacity planning. They are data, not
+behaviour: how power moves with clock and utilization is ``polca.physics.power``, the
+thermal model and NVML's behaviour are the backend's (``polca.gpu.simulated``).
 
 Sources and confidence (see ``/work/shared/reference/polca-paper.md`` §4 and ``peers.md``):
 
@@ -157,3 +158,6 @@ def get_model(name: str) -> GpuModel:
     except KeyError as exc:
         msg = f"unknown GPU model {name!r}; known models: {', '.join(MODEL_NAMES)}"
         raise ValueError(msg) from exc
+
+
+__all__ = ["MODEL_NAMES", "GpuModel", "get_model"]

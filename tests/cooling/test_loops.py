@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from polca.aggregator.cooling_config import (
+from polca.cooling.loops import (
     AlarmTiming,
     CoolingSettings,
     Derating,

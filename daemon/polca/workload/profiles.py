@@ -8,9 +8,11 @@ trace. ``load_profile(spec)`` builds one from its settings name
 (``gpu.simulated_load``).
 
 Profiles are pure: the same ``(t_s, stream)`` always gives the same utilization, so a
-seeded simulation repeats exactly. The randomness they need comes from ``mix64``, a
-counter-based hash that the backend also uses to derive per-GPU streams and UUIDs. Like
-the backend, this module must stay free of I/O and threads.
+seeded simulation repeats exactly. The randomness they need comes from
+``polca.seeds.mix64``, a counter-based hash that the backend also uses to derive per-GPU
+streams and UUIDs. Profiles say what a GPU is asked to do, never how it responds (clocks,
+power and heat are ``polca.physics`` and the backend's); like the backend, this module
+must stay free of I/O and threads.
 """
 
 from __future__ import annotations
@@ -22,15 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-MASK64 = (1 << 64) - 1  # the hash works on unsigned 64-bit integers
-
-
-def mix64(value: int) -> int:
-    """SplitMix64 finaliser: a cheap, well-spread hash of a 64-bit integer."""
-    value = (value + 0x9E3779B97F4A7C15) & MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & MASK64
-    return value ^ (value >> 31)
+from polca.seeds import MASK64, mix64
 
 
 def _uniform(stream: int, key: int) -> float:
@@ -237,3 +231,14 @@ def load_profile(spec: str | LoadProfile) -> LoadProfile:
         "ramp[:PERIOD_S] or square[:PERIOD_S]"
     )
     raise ValueError(msg)
+
+
+__all__ = [
+    "ConstantLoad",
+    "InferenceLoad",
+    "LoadProfile",
+    "RampLoad",
+    "ScriptedLoad",
+    "SquareLoad",
+    "load_profile",
+]

@@ -15,8 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polca.aggregator import points
-from polca.aggregator.points import SCHEMA, Point, encode_lines, make_point
-from polca.telemetry.schema import Control, Event, GpuTelemetry, Telemetry
+from polca.cooling.alarms import AlarmEvent
+from polca.cooling.loops import LoopSpec
+from polca.cooling.supervisor import LoopAssessment, LoopSupervisor
+from polca.export.points import SCHEMA, Point, encode_lines, make_point
+from polca.telemetry.schema import CduTelemetry, Control, Event, GpuTelemetry, Telemetry
 from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,6 +252,116 @@ def test_event_point_has_text_and_json_detail() -> None:
     detail = point.fields["detail"]
     assert isinstance(detail, str)
     assert json.loads(detail) == {"power_limit_w": 300.0, "reasons": ["T2"], "uuid": "GPU-3"}
+
+
+_LOOP = LoopSpec(
+    name="loopA", cdu="cduA", racks=("r1", "r2"), heat_capacity_kw=100.0, design_flow_lpm=150.0
+)
+
+
+def _cdu(supply_c: float) -> CduTelemetry:
+    """A reading of loopA with one of its two pumps failed and a 6 C supply-return rise."""
+    return CduTelemetry.model_validate(
+        {
+            "ts_ns": 0,
+            "cdu": "cduA",
+            "loop": "loopA",
+            "secondary": {
+                "supply_temp_c": supply_c,
+                "return_temp_c": supply_c + 6.0,
+                "flow_lpm": 150.0,
+            },
+            "pumps": [{"name": "pump1", "state": "running"}, {"name": "pump2", "state": "failed"}],
+            "leak_detectors": [{"name": "leak1", "state": "ok"}],
+        }
+    )
+
+
+def _supervised() -> tuple[LoopAssessment, list[AlarmEvent]]:
+    """131 s of loopA: supply 36 C (warning) until 100 s, then 30 C; a pump failed."""
+    sup = LoopSupervisor(_LOOP)
+    events: list[AlarmEvent] = []
+    power_w = {"r1": 40_000.0, "r2": 40_000.0}
+    for t in range(131):
+        supply_c = 36.0 if t < 100 else 30.0
+        a = sup.update(_cdu(supply_c), rack_power_w=power_w, now_s=float(t), top_level=3)
+        events.extend(a.events)
+    return a, events
+
+
+def test_cooling_loop_point_has_every_schema_field_as_a_float() -> None:
+    """A loop reporting every reading fills each cooling_loop field, typed and in order."""
+    loop, _ = _supervised()
+    point = points.cooling_loop_point(loop, ts_ns=TS_NS, site="s1")
+    _assert_matches_schema(point)
+    assert point.measurement == "cooling_loop"
+    assert point.tags == {"site": "s1", "loop": "loopA", "cdu": "cduA"}
+    assert list(point.fields) == list(SCHEMA["cooling_loop"].fields)
+    assert point.fields["heat_balance_error_pct"] == pytest.approx(-2.423125)
+    fields = {k: v for k, v in point.fields.items() if k != "heat_balance_error_pct"}
+    assert fields == pytest.approx(
+        {
+            "heat_load_kw": 64.0,
+            "heat_removed_kw": 62.4492,
+            "rated_capacity_kw": 100.0,
+            "capacity_kw": 90.0,  # N of N+1 pumps: 0.9
+            "headroom_kw": 26.0,
+            "load_pct": 100 * 64 / 90,
+            "derate_fraction": 0.9,
+            "supply_temp_c": 30.0,
+            "return_temp_c": 36.0,
+            "delta_t_c": 6.0,
+            "flow_lpm": 150.0,
+            "flow_fraction": 1.0,
+            "pumps_available": 1.0,
+            "pumps_failed": 1.0,
+            "leaks": 0.0,
+            "thermal_budget_w": 112_500.0,
+            "forced_level": 2.0,
+            "severity": 2.0,  # degraded: the pump
+            "alarms": 1.0,  # pump_failure (supply_temp_high cleared at 130 s)
+            "emergency": 0.0,
+            "stale": 0.0,
+            "telemetry_age_s": 0.0,
+        }
+    )
+    assert point.ts_ns == TS_NS
+
+
+def test_cooling_loop_point_of_a_silent_cdu_leaves_its_readings_out() -> None:
+    """A CDU never heard from: flagged stale, 75% of the rating, no readings written."""
+    sup = LoopSupervisor(_LOOP)
+    for t in range(7):
+        loop = sup.update(None, rack_power_w={"r1": 40_000.0}, now_s=float(t), top_level=3)
+    line = points.cooling_loop_point(loop, ts_ns=TS_NS, site="s1").to_line("ns")
+    assert line == (
+        "cooling_loop,cdu=cduA,loop=loopA,site=s1 heat_load_kw=32.0,rated_capacity_kw=100.0,"
+        "capacity_kw=75.0,headroom_kw=43.0,load_pct=42.666666666666664,derate_fraction=0.75,"
+        "pumps_failed=0.0,leaks=0.0,thermal_budget_w=93750.0,forced_level=0.0,severity=1.0,"
+        "alarms=1.0,emergency=0.0,stale=1.0 1700000000123456789"
+    )
+
+
+def test_cooling_alarm_points_are_the_lines_written_before() -> None:
+    """Raised and cleared alarms give the same tags, fields, types and order as ever."""
+    _, events = _supervised()
+    lines = [points.cooling_alarm_point(e, ts_ns=TS_NS, site="s1").to_line("ns") for e in events]
+    tags = "cooling_alarm,action={},alarm={},loop=loopA,severity={},site=s1"
+    assert lines == [
+        tags.format("raised", "supply_temp_high", "warning")
+        + ' value=36.0,threshold=35.0,rank=1.0,text="loopA: supply_temp_high raised (warning): '
+        'supply 36.0 C (limit 35.0 C)",detail="supply 36.0 C (limit 35.0 C)" 1700000000123456789',
+        tags.format("raised", "pump_failure", "degraded")
+        + ' value=1.0,threshold=2.0,rank=2.0,text="loopA: pump_failure raised (degraded): '
+        'pumps available 1 (limit 2): pump2",detail="pumps available 1 (limit 2): pump2" '
+        "1700000000123456789",
+        tags.format("cleared", "supply_temp_high", "warning")
+        + ' value=30.0,threshold=34.0,rank=1.0,previous_severity="warning",text="loopA: '
+        'supply_temp_high cleared (warning): supply 30.0 C (back past 34.0 C)",detail="'
+        'supply 30.0 C (back past 34.0 C)" 1700000000123456789',
+    ]
+    for event in events:
+        _assert_matches_schema(points.cooling_alarm_point(event, ts_ns=TS_NS, site="s1"))
 
 
 _HEADING = re.compile(r"^### `(\w+)`")

@@ -6,7 +6,7 @@ write past the limit fails with ``EFBIG``, as a write to a full disk fails with 
 a real refusal by the kernel, halfway through a segment. The database is unreachable, so
 the sink tries to spool; the child prints one JSON object with what it saw.
 
-Usage: ``python -B -m tests.aggregator.fsize_child URL SPOOL_DIR POINTS LIMIT_BYTES``
+Usage: ``python -B -m tests.export.fsize_child URL SPOOL_DIR POINTS LIMIT_BYTES``
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from structlog.testing import capture_logs
 
 from polca.aggregator import points
-from polca.aggregator.sink import InfluxSink
+from polca.export.influx import InfluxSink
 from polca.settings import InfluxSettings
 
 _WAIT_S = 10.0

@@ -6,8 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from polca.gpu import simulated
-from polca.gpu.loads import (
+from polca.workload.profiles import (
     ConstantLoad,
     InferenceLoad,
     LoadProfile,
@@ -107,11 +106,3 @@ def test_every_profile_satisfies_the_protocol() -> None:
     ]
     assert all(isinstance(p, LoadProfile) for p in profiles)
     assert all(load_profile(p) is p for p in profiles)
-
-
-def test_profiles_stay_importable_from_the_simulated_backend_module() -> None:
-    """``polca.gpu.simulated`` re-exports the profiles that used to live there."""
-    assert simulated.ConstantLoad is ConstantLoad
-    assert simulated.ScriptedLoad is ScriptedLoad
-    assert simulated.load_profile is load_profile
-    assert set(simulated.__all__) >= {"InferenceLoad", "RampLoad", "SquareLoad", "LoadProfile"}

@@ -15,18 +15,13 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from polca.aggregator import points, spool
-from polca.aggregator.points import Point
-from polca.aggregator.sink import (
-    BatchRejectedError,
-    InfluxSink,
-    InfluxUnavailableError,
-    MemorySink,
-    Sink,
-    classify_status,
-    resolve_token,
-)
-from polca.errors import ConfigError, FatalError
+from polca.aggregator import points
+from polca.errors import BatchRejectedError, ConfigError, FatalError, InfluxUnavailableError
+from polca.export import spool
+from polca.export.influx import InfluxSink, resolve_token
+from polca.export.points import Point
+from polca.export.sink import MemorySink, Sink
+from polca.export.transport import classify_status
 from polca.settings import InfluxSettings
 from polca.telemetry.schema import Event, GpuTelemetry, Telemetry
 from tests.mqtt_broker import free_port
@@ -558,7 +553,7 @@ async def test_stray_and_broken_spool_entries_never_stop_the_sink(
 def test_full_disk_leaves_no_tmp_file_and_keeps_the_points(tmp_path: Path) -> None:
     """A disk that refuses a segment halfway (EFBIG, as ENOSPC): no .tmp, points kept, counted."""
     spool_dir = tmp_path / "spool"
-    argv = [sys.executable, "-B", "-m", "tests.aggregator.fsize_child"]
+    argv = [sys.executable, "-B", "-m", "tests.export.fsize_child"]
     argv += [_dead_url(), str(spool_dir), "500", "16384"]  # points, bytes a file may have
     # RLIMIT_FSIZE limits a whole process: a child's, not the test runner's.
     child = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)

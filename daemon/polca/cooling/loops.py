@@ -1,11 +1,18 @@
-"""The aggregator's cooling topology: liquid-cooling loops, their ratings and alarm limits.
+"""The supervised cooling loops, as the aggregator's ``cooling:`` settings describe them.
 
-One loop per coolant distribution unit (CDU). A loop serves a set of racks (a rack is
-served by at most one loop) and carries the CDU's ratings (heat capacity, design flow,
-pump redundancy), its supply-temperature setpoint and limits, the share of rack power its
-cold plates capture, and how ``polca.aggregator.cooling`` debounces, escalates and derates.
-Every option has a documented default except the two ratings no default could guess
-(``heat_capacity_kw`` and ``design_flow_lpm``). Pure pydantic: no I/O.
+Why this module exists: the loops' ratings and limits are configuration, validated once
+at start, and change for other reasons than the supervision that reads them. One loop
+per coolant distribution unit (CDU). A loop serves a set of racks (a rack is served by at
+most one loop) and carries the CDU's ratings (heat capacity, design flow, pump
+redundancy), its supply-temperature setpoint and limits, the share of rack power its cold
+plates capture, and how the supervision (``polca.cooling.supervisor``, ``.alarms``,
+``.budgets``) debounces, escalates and derates. Every option has a documented default
+except the two ratings no default could guess (``heat_capacity_kw`` and
+``design_flow_lpm``). Pure pydantic: no I/O, and no supervision logic.
+
+Named ``loops`` rather than ``settings`` or ``config``: ``polca.settings`` is every
+process's base settings, and ``polca.cooling.config`` the settings of a ``polca cdu``
+process (a CDU source); this module is neither, it is the model of the loops supervised.
 
 Rack names refer to racks of the aggregator's rows (``AggregatorSettings.rows``);
 ``CoolingSettings.check_racks`` checks them against that topology.
@@ -23,6 +30,8 @@ Severity = Literal["warning", "degraded", "critical"]
 """Alarm severities, in escalation order."""
 
 SEVERITIES: tuple[Severity, ...] = ("warning", "degraded", "critical")
+
+_RANK: dict[Severity, int] = {"warning": 1, "degraded": 2, "critical": 3}
 
 _NAME = r"^[A-Za-z0-9_.:-]+$"
 
@@ -85,7 +94,7 @@ class Hysteresis(_Model):
 
 
 class Derating(_Model):
-    """The thermal budget's derating curve (see ``polca.aggregator.cooling.derate``).
+    """The thermal budget's derating curve (see ``polca.cooling.budgets.derate``).
 
     capacity = heat_capacity_kw x max(floor_fraction, min(flow, pumps) x supply_temp x stale)
     """
@@ -371,6 +380,11 @@ class CoolingSettings(_Model):
                         "rack names on cooling loops must be unique across rows"
                     )
                     raise ValueError(msg)
+
+
+def severity_rank(severity: Severity | None) -> int:
+    """0 for none, 1 warning, 2 degraded, 3 critical."""
+    return 0 if severity is None else _RANK[severity]
 
 
 def _twice(names: Iterable[str]) -> list[str]:

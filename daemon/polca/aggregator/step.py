@@ -1,0 +1,305 @@
+"""The aggregator's control step, without I/O: rollups and cooling in, levels out.
+
+``RowControl`` holds what the aggregator decides with (a ``RowTracker`` per owned row,
+a ``ScopeController`` per row and per rack with a budget or a cooling loop, the cooling
+supervisor) and, once per control interval, ``step`` turns it into a ``StepResult``:
+each row's rollup and trend, its effective budgets (electrical, lowered by the cooling
+loops' thermal budgets), the decision of every scope (row first, then its racks, each
+with the control message that renews the agents' lease) and the cooling assessment.
+The shell (``runtime.py``) publishes the result (``messages.py``) and writes its points
+(``points.py``); nothing here touches MQTT, a database or a clock (time comes in).
+
+During ``control.warmup_s`` after ``start`` nothing is decided until every node has
+reported, so a restarted aggregator never uncaps a row for lack of data; ``seed`` takes
+the retained control of a previous run (clamped into the policy's levels) before that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from polca.aggregator.config import AggregatorSettings, RowSpec
+from polca.aggregator.controller import ScopeController, ScopeDecision
+from polca.aggregator.rollup import NodeHealth, RowRollup, RowTracker
+from polca.cooling.budgets import effective_rack_budgets, effective_row_budget_w
+from polca.cooling.supervisor import CoolingStep, CoolingSupervisor
+from polca.policy import LoadedPolicy
+from polca.telemetry.checks import DropLog
+from polca.telemetry.schema import CduTelemetry, Control, Telemetry
+
+Scope = tuple[str, str | None]
+"""(row, rack), rack None for the row scope."""
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """A row's budgets at one control step."""
+
+    row_w: float  # effective: the provisioned budget, lowered by the loops' thermal ones
+    racks: Mapping[str, float]  # effective: min(electrical, thermal)
+    thermal: Mapping[str, float]  # from the cooling loops
+    rack_levels: Mapping[str, int]  # rack-scope levels decided this step
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResult:
+    """One node at one step, as the row's points show it."""
+
+    node: str
+    rack: str
+    health: NodeHealth
+    power_w: float  # as counted in its health state
+    telemetry: Telemetry | None  # the last received, fresh or not
+
+
+@dataclass(frozen=True, slots=True)
+class RowResult:
+    """One row at one step."""
+
+    spec: RowSpec
+    rollup: RowRollup
+    trend_w_per_s: float | None
+    decision: ScopeDecision
+    rack_decisions: Mapping[str, ScopeDecision]
+    budgets: Budgets
+    nodes: tuple[NodeResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Everything one control step decided."""
+
+    now_ns: int
+    cooling: CoolingStep
+    rows: tuple[RowResult, ...]
+
+    def decisions(self) -> Iterator[tuple[Scope, ScopeDecision]]:
+        """Every scope's decision, in publishing order: each row, then its racks."""
+        for row in self.rows:
+            yield (row.spec.name, None), row.decision
+            for rack, decision in row.rack_decisions.items():
+                yield (row.spec.name, rack), decision
+
+
+class RowControl:
+    """The rows one aggregator owns, their controllers and cooling loops."""
+
+    def __init__(self, settings: AggregatorSettings, *, epoch_ns: int, log: Any = None) -> None:
+        """Trackers and controllers for every owned row; nothing decided before ``start``."""
+        self.settings = settings
+        self.log: Any = log if log is not None else structlog.get_logger()
+        self.trackers = {row.name: RowTracker(row) for row in settings.rows}
+        self.cooling = CoolingSupervisor(settings.cooling)
+        self.controllers: dict[Scope, ScopeController] = {}
+        for row in settings.rows:
+            self.controllers[(row.name, None)] = self._controller(row.name, None, epoch_ns)
+            for rack in row.racks:
+                on_loop = settings.cooling.loop_of(rack.name) is not None
+                if rack.budget_w is not None or on_loop:
+                    key = (row.name, rack.name)
+                    self.controllers[key] = self._controller(row.name, rack.name, epoch_ns)
+        self.meter_log = DropLog("meter_reading_implausible", logger=self.log)
+        self.started_s: float | None = None
+        self.warm = False
+        self.last: StepResult | None = None
+
+    def _controller(self, row: str, rack: str | None, epoch_ns: int) -> ScopeController:
+        return ScopeController(
+            site=self.settings.site,
+            row=row,
+            rack=rack,
+            issuer=self.settings.instance,
+            epoch_ns=epoch_ns,
+        )
+
+    def start(self, now_s: float) -> None:
+        """The aggregator started at ``now_s`` (the warm-up counts from here)."""
+        self.started_s = now_s
+
+    def seed(self, control: Control, *, top_level: int) -> None:
+        """Start a scope from the level a previous run left retained (before warm only)."""
+        if self.warm:
+            return
+        controller = self.controllers.get((control.row, control.rack))
+        if controller is None:
+            return
+        controller.seed(control, top_level=top_level)
+        self.log.info(
+            "control_seeded",
+            row=control.row,
+            rack=control.rack,
+            seeded_level=controller.seeded_from,
+            retained_level=control.level,
+            seq=control.seq,
+        )
+
+    def observe_cdu(self, cdu: CduTelemetry, now_s: float) -> bool:
+        """Keep a CDU reading for the next step; whether it is urgent (step now)."""
+        if not self.cooling.observe(cdu, now_s):
+            return False
+        return (
+            cdu.status != "ok"
+            or any(d.state != "ok" for d in cdu.leak_detectors)
+            or any(p.state == "failed" for p in cdu.pumps)
+        )
+
+    def step(self, now_s: float, now_ns: int, loaded: LoadedPolicy) -> StepResult | None:
+        """Evaluate every owned row and rack scope once; None while warming up."""
+        ctl = self.settings.control
+        rollups = {
+            name: tracker.rollup(
+                now_s, stale_after_s=ctl.stale_after_s, meter_min_fraction=ctl.meter_min_fraction
+            )
+            for name, tracker in self.trackers.items()
+        }
+        for rollup in rollups.values():
+            if rollup.meter_rejected_w is not None:
+                self.meter_log.drop(
+                    "below_node_telemetry",
+                    topic=rollup.row,
+                    detail=f"meter {rollup.meter_rejected_w:.0f} W; computed "
+                    f"{rollup.computed_power_w:.0f} W is used",
+                )
+        if not self._warmed_up(now_s, rollups):
+            return None
+        rack_power_w = {r.rack: r.power_w for roll in rollups.values() for r in roll.racks}
+        cooling = self.cooling.step(
+            rack_power_w=rack_power_w, now_s=now_s, top_level=loaded.policy.top_level
+        )
+        rows = tuple(
+            self._row(row, rollups[row.name], cooling, now_s=now_s, now_ns=now_ns, loaded=loaded)
+            for row in self.settings.rows
+        )
+        self.last = StepResult(now_ns=now_ns, cooling=cooling, rows=rows)
+        return self.last
+
+    def _warmed_up(self, now_s: float, rollups: Mapping[str, RowRollup]) -> bool:
+        if self.warm:
+            return True
+        elapsed = now_s - (self.started_s if self.started_s is not None else now_s)
+        if elapsed < self.settings.control.warmup_s and not all(
+            r.all_reported for r in rollups.values()
+        ):
+            return False
+        self.warm = True
+        # Power ramped up while nodes were still reporting in: not a trend.
+        for tracker in self.trackers.values():
+            tracker.history.clear()
+        self.log.info(
+            "aggregator_warm",
+            after_s=round(elapsed, 2),
+            levels={f"{k[0]}/{k[1] or '-'}": c.ladder.level for k, c in self.controllers.items()},
+        )
+        return True
+
+    def _row(
+        self,
+        row: RowSpec,
+        rollup: RowRollup,
+        cooling: CoolingStep,
+        *,
+        now_s: float,
+        now_ns: int,
+        loaded: LoadedPolicy,
+    ) -> RowResult:
+        ctl = self.settings.control
+        tracker = self.trackers[row.name]
+        trend = tracker.trend_w_per_s(now_s, ctl.trend_window_s)
+        thermal = cooling.rack_thermal_budget_w
+        row_budget_w = effective_row_budget_w(row.budget_w, [r.name for r in row.racks], thermal)
+        decision = self._decide(
+            (row.name, None),
+            power_w=rollup.power_w,
+            budget_w=row_budget_w,
+            now_s=now_s,
+            now_ns=now_ns,
+            trend=trend,
+            loaded=loaded,
+            inputs={
+                "power_source": rollup.power_source,
+                "stale_nodes": list(rollup.stale_nodes),
+                "offline_nodes": list(rollup.offline_nodes),
+                "provisioned_budget_w": row.budget_w,
+            },
+        )
+        rack_budgets = effective_rack_budgets(
+            {r.rack: r.budget_w for r in rollup.racks},
+            {r.rack: thermal[r.rack] for r in rollup.racks if r.rack in thermal},
+        )
+        rack_decisions: dict[str, ScopeDecision] = {}
+        for rack in rollup.racks:
+            budget = rack_budgets.get(rack.rack)
+            if budget is None or (row.name, rack.rack) not in self.controllers:
+                continue
+            rack_decisions[rack.rack] = self._decide(
+                (row.name, rack.rack),
+                power_w=rack.power_w,
+                budget_w=budget,
+                now_s=now_s,
+                now_ns=now_ns,
+                trend=None,
+                loaded=loaded,
+                floor_level=cooling.forced_levels.get(rack.rack, 0),
+                floor_reason=self._cooling_reason(cooling, rack.rack),
+            )
+        budgets = Budgets(
+            row_budget_w,
+            rack_budgets,
+            thermal,
+            {rack: d.level for rack, d in rack_decisions.items()},
+        )
+        nodes = []
+        for view in tracker.nodes.values():
+            health = view.health(now_s, ctl.stale_after_s)
+            nodes.append(
+                NodeResult(view.spec.name, view.rack, health, view.power_w(health), view.telemetry)
+            )
+        return RowResult(row, rollup, trend, decision, rack_decisions, budgets, tuple(nodes))
+
+    def _cooling_reason(self, step: CoolingStep, rack: str) -> str:
+        loop_name = self.settings.cooling.loop_of(rack)
+        loop = step.loops.get(loop_name) if loop_name else None
+        if loop is None:
+            return ""
+        alarms = ", ".join(f"{a.alarm} {a.severity}" for a in loop.alarms)
+        return f"cooling loop {loop_name}: {alarms or 'recovering'}"
+
+    def _decide(
+        self,
+        key: Scope,
+        *,
+        power_w: float,
+        budget_w: float,
+        now_s: float,
+        now_ns: int,
+        trend: float | None,
+        loaded: LoadedPolicy,
+        inputs: dict[str, Any] | None = None,
+        floor_level: int = 0,
+        floor_reason: str = "",
+    ) -> ScopeDecision:
+        ctl = self.settings.control
+        return self.controllers[key].step(
+            floor_level=floor_level,
+            floor_reason=floor_reason,
+            power_w=power_w,
+            budget_w=budget_w,
+            policy=loaded.policy,
+            revision=loaded.revision,
+            now_s=now_s,
+            now_ns=now_ns,
+            lease_s=ctl.lease_s,
+            observe=ctl.observe,
+            trend_w_per_s=trend,
+            inputs=inputs,
+        )
+
+    def row_levels(self) -> dict[str, str]:
+        """Each row's level name in the last step (for the status line)."""
+        if self.last is None:
+            return {}
+        return {row.spec.name: row.decision.level_name for row in self.last.rows}

@@ -1,0 +1,414 @@
+"""Time-series points and THE schema polca exports to InfluxDB (and compatible stores).
+
+Why this module exists: the sink, the dashboards and ``docs/influxdb.md`` must agree on
+measurement, tag and field names and on each field's type. ``SCHEMA`` is that agreement;
+the builders below coerce every value to the type it declares (a field written once as an
+integer and later as a float is a *field type conflict* that InfluxDB rejects), and refuse
+names it does not know. A test checks the documentation table against ``SCHEMA``.
+
+Conventions: measured values are always floats (``250.0``, never ``250``); only counters and
+bitmasks are integers (``i`` suffix in line protocol); flags are floats 0/1 so that they can
+be averaged and graphed; strings only where a human reads them (events, decision reasons).
+Tags hold only what is grouped or filtered on: never free text, job ids or values.
+
+The encoder is total over text: any ``str`` in a name, tag or string field becomes one line
+of valid UTF-8 line protocol that InfluxDB 1.x and VictoriaMetrics both parse (what neither
+can carry becomes U+FFFD, see ``Point.to_line``), because one unparsable line costs more
+than itself: InfluxDB 1.x leaves it out of a partial write's count when the batch also had
+another error, and VictoriaMetrics drops it without a word.
+
+This module does no I/O and imports no database client (``transport.py`` owns that); the
+builders that make points from the aggregator's results live in ``aggregator/points.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Mapping
+from typing import Final
+
+FieldValue = float | int | bool | str
+FieldType = type[float] | type[int] | type[str]
+
+_PRECISION_DIVISOR: Final = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+# Line-protocol escaping, as the reference clients do it. Newlines would end the line, so
+# they are written as the two characters ``\n`` everywhere (a human-readable, lossy choice:
+# VictoriaMetrics drops a whole request whose string field holds a raw newline).
+# Backslashes in names and tag values are not escaped (InfluxDB 1.x would keep both of a
+# doubled one), but one that ends the text or stands before a delimiter cannot be written
+# at all: neither parser accepts a name or tag value ending in a backslash, and they read
+# a backslash before an escaped delimiter differently. That one becomes U+FFFD. Field keys
+# also escape a double quote (VictoriaMetrics would take it for the start of a string).
+_ESCAPE_MEASUREMENT: Final = str.maketrans(
+    {",": r"\,", " ": r"\ ", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+)
+_ESCAPE_KEY: Final = str.maketrans(
+    {",": r"\,", "=": r"\=", " ": r"\ ", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+)
+_ESCAPE_FIELD_KEY: Final = str.maketrans(
+    {",": r"\,", "=": r"\=", " ": r"\ ", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+)
+_ESCAPE_STRING: Final = str.maketrans({'"': r"\"", "\\": "\\\\", "\n": r"\n", "\r": r"\r"})
+
+_DANGLING_BACKSLASH: Final = re.compile(r"\\(?=[,= ]|\Z)")
+_DANGLING_FIELD_BACKSLASH: Final = re.compile(r"\\(?=[,= \"]|\Z)")
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_REPLACEMENT: Final = "\ufffd"
+_CACHED_MAX_CHARS: Final = 256  # longer names are escaped every time, never cached
+_STRING_MAX_CHARS: Final = 16_384  # ≤ 64 KiB of UTF-8: well within a line's limits
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**63 - 1
+# InfluxDB's time range, in ns (VictoriaMetrics keeps only what its retention covers).
+_TIME_MIN_NS: Final = -9_223_372_036_854_775_806
+_TIME_MAX_NS: Final = 9_223_372_036_854_775_806
+
+_REASON: Final = re.compile(r"^[a-z0-9_]+$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point:
+    """One line of line protocol: a measurement, tags, fields and a timestamp (Unix ns).
+
+    ``None`` field values are left out; a point left without fields is not written at all
+    (``to_line`` returns an empty string). Tags with an empty key or value and fields with
+    an empty key are left out too (line protocol cannot carry them).
+    """
+
+    measurement: str
+    tags: Mapping[str, str]
+    fields: Mapping[str, FieldValue | None]
+    ts_ns: int
+
+    def to_line(self, precision: str = "ms") -> str:
+        """The point as one line of line protocol, timestamp in ``precision`` (ns/us/ms/s).
+
+        Any text encodes: a lone surrogate (which UTF-8 cannot carry) and a backslash that
+        would escape a delimiter or end a name or tag value become U+FFFD, a newline, tab
+        or carriage return the two characters ``\\n``, ``\\t``, ``\\r``, and a string field
+        is cut to 16,384 characters (ending in "…"). Tag keys that become equal keep the
+        first (InfluxDB refuses a line with a tag twice; for fields the last one counts).
+        Raises ``ValueError`` only for what no line can carry: an empty measurement or one
+        starting with ``#`` (a comment), an integer outside int64, a time outside
+        InfluxDB's range.
+        """
+        # The hot path: most names and tag values were seen before.
+        cached, cached_field = _KEYS.get, _FIELD_KEYS.get
+        field_parts: list[str] = []
+        for key, value in self.fields.items():
+            text = _field_text(value)
+            if text is not None and key:
+                field_parts.append(f"{cached_field(key) or _escape_field_key(key)}={text}")
+        if not field_parts:
+            return ""
+        measurement = _escape_measurement(self.measurement)
+        if not measurement or measurement.startswith("#"):
+            msg = f"measurement {self.measurement!r} cannot start a line of line protocol"
+            raise ValueError(msg)
+        head = [measurement]
+        tag_keys: set[str] = set()
+        tags = self.tags
+        for key in sorted(tags):
+            value = tags[key]
+            if value and key:
+                escaped = cached(key) or _escape_key(key)
+                if escaped not in tag_keys:
+                    tag_keys.add(escaped)
+                    head.append(f"{escaped}={cached(value) or _escape_key(value)}")
+        divisor = _PRECISION_DIVISOR[precision]
+        ts = self.ts_ns // divisor
+        if not _TIME_MIN_NS <= ts * divisor <= _TIME_MAX_NS:
+            msg = f"time {self.ts_ns} ns is outside what InfluxDB stores"
+            raise ValueError(msg)
+        return f"{','.join(head)} {','.join(field_parts)} {ts}"
+
+
+def _utf8(text: str) -> str:
+    """The text with every lone surrogate (no UTF-8 for it) replaced by U+FFFD."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(_REPLACEMENT, text)
+    return text
+
+
+def _escape_name(
+    text: str, table: dict[int, str], dangling: re.Pattern[str] = _DANGLING_BACKSLASH
+) -> str:
+    text = _utf8(text)
+    if "\\" in text:
+        text = dangling.sub(_REPLACEMENT, text)
+    return text.translate(table)
+
+
+# Names and tag values repeat from point to point (site, rack, node, GPU UUID, field names),
+# so their escaped form is cached: this is the hot path of the sink. Short ones only, and
+# a bounded number (emptied when full).
+_KEYS: Final[dict[str, str]] = {}
+_FIELD_KEYS: Final[dict[str, str]] = {}
+_CACHE_MAX: Final = 1 << 16
+
+
+def _remember(cache: dict[str, str], text: str, escaped: str) -> str:
+    if len(text) <= _CACHED_MAX_CHARS:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[text] = escaped
+    return escaped
+
+
+def _escape_key(text: str) -> str:
+    """A tag key or value."""
+    return _remember(_KEYS, text, _escape_name(text, _ESCAPE_KEY))
+
+
+def _escape_field_key(text: str) -> str:
+    return _remember(
+        _FIELD_KEYS, text, _escape_name(text, _ESCAPE_FIELD_KEY, _DANGLING_FIELD_BACKSLASH)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _escape_measurement(text: str) -> str:
+    return _escape_name(text, _ESCAPE_MEASUREMENT)
+
+
+def _field_text(value: FieldValue | None) -> str | None:
+    """A field value in line protocol; None for what cannot be written (None, NaN, inf)."""
+    kind = type(value)
+    if kind is float:
+        return repr(value) if math.isfinite(value) else None  # type: ignore[arg-type]
+    if value is None:
+        return None
+    if kind is bool or isinstance(value, bool):  # before int: bool is an int subclass
+        return "true" if value else "false"
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            msg = f"integer {value} does not fit line protocol's int64"
+            raise ValueError(msg)
+        return f"{value}i"
+    if isinstance(value, float):
+        return repr(float(value)) if math.isfinite(value) else None
+    if len(value) > _STRING_MAX_CHARS:
+        value = value[: _STRING_MAX_CHARS - 1] + "…"
+    return f'"{_utf8(value).translate(_ESCAPE_STRING)}"'
+
+
+def encode_lines(points: list[Point], precision: str = "ms") -> bytes:
+    """Points as a line-protocol body (newline separated), skipping points without fields.
+
+    Raises ``ValueError`` as ``Point.to_line`` does; never for text.
+    """
+    return "\n".join(line for p in points if (line := p.to_line(precision))).encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeasurementSchema:
+    """The tags and typed fields of one measurement.
+
+    A field named ``prefix_<reason>`` stands for a family of fields (``dropped_malformed``,
+    ``dropped_oversized``, ...), each of that type.
+    """
+
+    tags: tuple[str, ...]
+    fields: Mapping[str, FieldType]
+
+    def field_type(self, name: str) -> FieldType | None:
+        """The declared type of a field name, or None when the schema has no such field."""
+        declared = self.fields.get(name)
+        if declared is not None:
+            return declared
+        for pattern, kind in self.fields.items():
+            if pattern.endswith("<reason>"):
+                prefix = pattern.removesuffix("<reason>")
+                reason = name.removeprefix(prefix)
+                if name.startswith(prefix) and _REASON.match(reason):
+                    return kind
+        return None
+
+
+def _floats(*names: str) -> dict[str, FieldType]:
+    return dict.fromkeys(names, float)
+
+
+def _ints(*names: str) -> dict[str, FieldType]:
+    return dict.fromkeys(names, int)
+
+
+SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
+    "gpu": MeasurementSchema(
+        tags=("site", "row", "rack", "node", "gpu_uuid", "gpu_index", "model", "class"),
+        fields={
+            **_floats(
+                "power_w",
+                "power_max_w",
+                "power_avg_w",
+                "energy_j",
+                "energy_delta_j",
+                "temp_c",
+                "temp_max_c",
+                "mem_temp_c",
+                "sm_clock_mhz",
+                "mem_clock_mhz",
+                "util_pct",
+                "mem_util_pct",
+                "power_limit_w",
+                "enforced_power_limit_w",
+                "locked_sm_clock_max_mhz",
+            ),
+            "clock_event_reasons": int,
+            "lost": float,
+        },
+    ),
+    "node": MeasurementSchema(
+        tags=("site", "row", "rack", "node"),
+        fields={
+            **_floats(
+                "gpu_power_w",
+                "power_w",
+                "energy_delta_j",
+                "level",
+                "fail_safe",
+                "online",
+                "stale",
+                "gpus",
+                "gpus_lost",
+                "tick_p99_ms",
+            ),
+            **_ints("outbox_dropped", "control_rejected"),
+        },
+    ),
+    "rack": MeasurementSchema(
+        tags=("site", "row", "rack"),
+        fields=_floats(
+            "power_w",
+            "budget_w",
+            "thermal_budget_w",
+            "nodes_online",
+            "nodes_stale",
+            "nodes_offline",
+        ),
+    ),
+    "row": MeasurementSchema(
+        tags=("site", "row"),
+        fields=_floats(
+            "power_w",
+            "computed_power_w",
+            "measured_power_w",
+            "budget_w",
+            "effective_budget_w",
+            "power_pct",
+            "level",
+            "threshold_1_w",
+            "threshold_2_w",
+            "threshold_3_w",
+            "trend_w_per_s",
+            "nodes_online",
+            "nodes_stale",
+            "nodes_offline",
+        ),
+    ),
+    "control": MeasurementSchema(
+        tags=("site", "row", "scope"),
+        fields={
+            "level": float,
+            "seq": int,
+            "lease_s": float,
+            "observe": float,
+            "level_name": str,
+            "reason": str,
+        },
+    ),
+    "event": MeasurementSchema(
+        tags=("site", "row", "rack", "node", "kind"),
+        fields={"text": str, "gpu": float, "detail": str},
+    ),
+    "aggregator": MeasurementSchema(
+        tags=("site", "instance"),
+        fields=_ints(
+            "messages_in",
+            "messages_dropped",
+            "points_written",
+            "points_dropped",
+            "points_spooled",
+            "spool_bytes",
+            "dropped_<reason>",
+        ),
+    ),
+    "cooling_loop": MeasurementSchema(
+        tags=("site", "loop", "cdu"),
+        fields=_floats(
+            "heat_load_kw",
+            "heat_removed_kw",
+            "heat_balance_error_pct",
+            "rated_capacity_kw",
+            "capacity_kw",
+            "headroom_kw",
+            "load_pct",
+            "derate_fraction",
+            "supply_temp_c",
+            "return_temp_c",
+            "delta_t_c",
+            "flow_lpm",
+            "flow_fraction",
+            "pumps_available",
+            "pumps_failed",
+            "leaks",
+            "thermal_budget_w",
+            "forced_level",
+            "severity",
+            "alarms",
+            "emergency",
+            "stale",
+            "telemetry_age_s",
+        ),
+    ),
+    "cooling_alarm": MeasurementSchema(
+        tags=("site", "loop", "alarm", "severity", "action"),
+        fields={
+            "value": float,
+            "threshold": float,
+            "rank": float,
+            "previous_severity": str,
+            "text": str,
+            "detail": str,
+        },
+    ),
+}
+"""Measurement -> tags and typed fields. ``docs/influxdb.md`` documents exactly this."""
+
+
+def make_point(
+    measurement: str,
+    *,
+    ts_ns: int,
+    tags: Mapping[str, str],
+    fields: Mapping[str, FieldValue | None],
+) -> Point:
+    """A point of a ``SCHEMA`` measurement, each field coerced to its declared type.
+
+    Raises ``ValueError`` for an unknown measurement, tag or field name (a programming
+    error: the schema and its documentation must change first). ``None`` values are left out.
+    """
+    schema = SCHEMA.get(measurement)
+    if schema is None:
+        msg = f"unknown measurement {measurement!r}; known: {sorted(SCHEMA)}"
+        raise ValueError(msg)
+    unknown_tags = set(tags) - set(schema.tags)
+    if unknown_tags:
+        msg = f"measurement {measurement!r} has no tags {sorted(unknown_tags)}"
+        raise ValueError(msg)
+    coerced: dict[str, FieldValue] = {}
+    for name, value in fields.items():
+        kind = schema.field_type(name)
+        if kind is None:
+            msg = f"measurement {measurement!r} has no field {name!r}"
+            raise ValueError(msg)
+        if value is not None:
+            coerced[name] = kind(value)
+    return Point(measurement, dict(tags), coerced, ts_ns)

@@ -1,0 +1,117 @@
+"""What the agent's and the aggregator's shells share: policy reloads and the side tasks.
+
+Both daemons reload their policy file on change and on SIGHUP the same way (a bad edit is
+reported with its ``FILE:LINE:COL`` problems and never replaces the last good policy),
+tell systemd about it (``RELOADING=1``, then ``READY=1`` with the status line), and run
+the same three side tasks beside their own loops: the policy file watcher, the SIGHUP
+handler and the systemd watchdog (fed only while the control loop makes progress).
+``PolicyReloader`` and ``side_tasks`` are that, once, and ``supervise`` is the shape of
+both supervisors: the connections (bus, sink) run unguarded beside a TaskGroup of guarded
+eternal loops, and the shutdown runs shielded whether the loops stopped on request (clean)
+or because one failed. Exit codes live in ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polca import aiokit
+from polca.policy import PolicyStore
+from polca.sdnotify import SystemdNotifier, WatchdogGate
+
+__all__ = ["PolicyReloader", "side_tasks", "supervise"]
+
+
+@dataclass(slots=True)
+class PolicyReloader:
+    """Reload a daemon's policy file: log, tell systemd, and call back on the outcome."""
+
+    store: PolicyStore
+    notifier: SystemdNotifier
+    log: Any
+    status_line: Callable[[], str]
+    on_rejected: Callable[[Sequence[str]], None]
+    on_changed: Callable[[], None]
+
+    def reload(self, *, trigger: str) -> bool:
+        """Read the file again; keep the last good policy when it is invalid; True if new."""
+        self.notifier.reloading()
+        try:
+            result = self.store.reload()
+            in_force = self.store.current.revision if self.store.current else None
+            if result.errors:
+                self.log.error(
+                    "policy_rejected",
+                    trigger=trigger,
+                    path=str(self.store.path),
+                    problems=list(result.errors),
+                    revision_in_force=in_force,
+                )
+                self.on_rejected(result.errors)
+                return False
+            if not result.changed:
+                self.log.info("policy_unchanged", trigger=trigger, revision=in_force)
+                return False
+            loaded = self.store.current
+            self.log.info(
+                "policy_reloaded",
+                trigger=trigger,
+                revision=in_force,
+                policy=loaded.policy.name if loaded else None,
+            )
+            self.on_changed()
+            return True
+        finally:
+            self.notifier.ready(self.status_line())
+
+
+def side_tasks(
+    *,
+    policy_file: Path,
+    debounce_s: float,
+    reload: Callable[[str], object],
+    reload_requested: asyncio.Event,
+    notifier: SystemdNotifier,
+    gate: WatchdogGate,
+    extra_stall_s: float = 0.0,
+) -> dict[str, Coroutine[Any, Any, object]]:
+    """The policy watcher, the SIGHUP handler and the watchdog, as named eternal tasks."""
+    return {
+        "policy_watcher": aiokit.watch_file(
+            policy_file, debounce_s=debounce_s, action=lambda: reload("file_changed")
+        ),
+        "sighup": aiokit.repeat_on(reload_requested, lambda: reload("sighup")),
+        "watchdog": aiokit.feed_watchdog(notifier, gate, extra_stall_s=extra_stall_s),
+    }
+
+
+async def supervise(
+    *,
+    connections: dict[str, Coroutine[Any, Any, object]],
+    loops: dict[str, Coroutine[Any, Any, object]],
+    stop: asyncio.Event,
+    shutdown: Callable[[bool], Coroutine[Any, Any, None]],
+    log: Any,
+    stopping_event: str,
+) -> None:
+    """Run ``loops`` (guarded) until ``stop``, then ``shutdown(clean)``, shielded.
+
+    ``connections`` (the bus, the sink) are not guarded: they return by design once the
+    shutdown has closed them, and are cancelled after it. ``clean`` is True only when the
+    loops ended because ``stop`` was set.
+    """
+    async with asyncio.TaskGroup() as outer:
+        tasks = [outer.create_task(coro, name=name) for name, coro in connections.items()]
+        clean = False
+        try:
+            await aiokit.run_until_stopped(loops, stop)
+            log.info(stopping_event)
+            clean = True
+        finally:
+            await asyncio.shield(shutdown(clean))
+            for task in tasks:
+                task.cancel()
