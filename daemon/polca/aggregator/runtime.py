@@ -47,12 +47,14 @@ class Aggregator:
         sinks: Sequence[Sink] = (),
         notifier: SystemdNotifier | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        mono_ns: Callable[[], int] = time.monotonic_ns,
         bus_factory: BusFactory = MqttBus,
     ) -> None:
         self.settings = settings
         self.sinks = FanOut(sinks)
         self.notifier = notifier or SystemdNotifier()
-        self.clock_ns = clock_ns
+        self.clock_ns = clock_ns  # wall clock: stamps only
+        self.mono_ns = mono_ns  # receipt times (staleness), as ``control_step``'s now_s
         self.bus_factory = bus_factory
         self.topics = Topics(settings.topic_root)
         self.log = structlog.get_logger().bind(aggregator=settings.instance)
@@ -104,7 +106,7 @@ class Aggregator:
         streak = self.exits.start_reporting(crash_loop_after=self.settings.control.crash_loop_after)
         self.crash_loop = streak.text if streak else None
         with self.exits.recording():
-            self.start(asyncio.get_running_loop().time())
+            self.start(self.mono_ns() / 1e9)
             assert self.bus is not None  # noqa: S101 - made by start()
             self.notifier.ready(self._status_line())
             await service.supervise(
@@ -148,6 +150,7 @@ class Aggregator:
             subscriptions=self.intake.subscriptions(),
             birth=lambda: [self._status_message("online"), *self._policy_messages()],
             clock_ns=self.clock_ns,
+            mono_ns=self.mono_ns,
         )
         self.rows.start(now_s)
         self.log.info(
@@ -230,7 +233,7 @@ class Aggregator:
 
     def handle_message(self, message: InMessage) -> None:
         """Take one received message; what the intake accepted goes on. Never raises."""
-        now_s = message.received_mono_ns / 1e9 if message.received_mono_ns else time.monotonic()
+        now_s = (message.received_mono_ns or self.mono_ns()) / 1e9
         accepted = self.intake.handle(message, now_s)
         if accepted is None:
             return
@@ -244,7 +247,7 @@ class Aggregator:
         if isinstance(accepted, TelemetryIn):
             if not self.sinks:
                 return
-            now = time.monotonic()
+            now = self.mono_ns() / 1e9
             last = self._gpu_written_s.get(accepted.node)
             if last is not None and now - last < self.settings.influx.gpu_every_s:
                 return  # per-GPU series are downsampled; node/rack/row series are not
@@ -273,7 +276,7 @@ class Aggregator:
             self._control_wake.clear()
             if not woken:
                 next_t = max(next_t + interval, loop.time())
-            self.control_step(loop.time())
+            self.control_step(self.mono_ns() / 1e9)
             self.gate.beat()
 
     def control_step(self, now_s: float) -> StepResult | None:

@@ -1,0 +1,167 @@
+"""A whole row in one process, on the in-memory broker and one fake clock (``tests/row.py``).
+
+The production aggregator and agents, simulated GPUs and CDUs, driven step by step: the
+control decisions and the fault cases of the end-to-end suite, deterministic and in well
+under a second of wall time each. The same behaviours stay covered against real
+processes and a real Mosquitto in ``tests/integration``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polca.telemetry.bus import OutMessage
+from tests.integration.test_hostile_retained import poison
+from tests.row import HOUR_NS, Row
+
+LOW_T1_MHZ = 1275
+LOW_T2_MHZ = 1110
+HIGH_T2_MHZ = 1305
+BUDGET_W = 4 * 4 * 400.0  # 2 racks x 2 nodes x 4 A100s at their 400 W limit
+
+
+def _row(tmp_path: Path, **kwargs: object) -> Row:
+    racks = {"rack1": ["n1", "n2"], "rack2": ["n3", "n4"]}
+    return Row(tmp_path, racks=racks, budget_w=BUDGET_W, **kwargs)  # type: ignore[arg-type]
+
+
+def _at(row: Row, *, low: int | None, high: int | None) -> bool:
+    """Every node's GPU 0 (high priority) and GPUs 1-3 (low) locked at or under these."""
+
+    def ok(lock: int | None, cap: int | None) -> bool:
+        return lock is None if cap is None else lock is not None and lock <= cap
+
+    return all(
+        ok(locks[0], high) and all(ok(lock, low) for lock in locks[1:])
+        for locks in (node.locks_mhz() for node in row.nodes.values())
+    )
+
+
+async def _until(row: Row, condition: object, *, max_s: float = 20.0) -> float:
+    """Step until ``condition()`` holds; the simulated seconds it took."""
+    waited = 0.0
+    while not condition():  # type: ignore[operator]
+        assert waited < max_s, f"not within {max_s} simulated s"
+        await row.step()
+        waited += 0.5
+    return waited
+
+
+async def test_load_walks_t1_t2_and_back_one_level_at_a_time(tmp_path: Path) -> None:
+    """80% caps low priority, 89% both classes; release waits the dwell, one level a step."""
+    row = _row(tmp_path, meter_pct=70.0)
+    await row.start()
+    await row.run(2)
+    assert _at(row, low=None, high=None)
+    row.meter_pct = 85.0
+    await _until(row, lambda: _at(row, low=LOW_T1_MHZ, high=None))
+    row.meter_pct = 92.0
+    await _until(row, lambda: _at(row, low=LOW_T2_MHZ, high=HIGH_T2_MHZ))
+    row.meter_pct = 86.0  # inside T2's hysteresis band (89 - 5)
+    await row.run(4)
+    assert row.levels() == dict.fromkeys(row.nodes, 2)
+    row.meter_pct = 70.0
+    await _until(row, lambda: _at(row, low=None, high=None))
+    levels = [c.level for c in row.controls()]
+    down = levels[levels.index(2) :]
+    assert down == sorted(down, reverse=True)
+    assert 1 in down  # never 2 -> 0 directly
+    await row.stop()
+    assert _at(row, low=None, high=None)  # on_stop: restore
+
+
+async def test_the_same_inputs_give_the_same_run(tmp_path: Path) -> None:
+    """Two runs of the same scenario publish the same sequence of levels and caps."""
+    runs = []
+    for attempt in ("a", "b"):
+        row = _row(tmp_path / attempt, meter_pct=70.0)
+        await row.start()
+        for pct in (85.0, 92.0, 86.0, 60.0):
+            row.meter_pct = pct
+            await row.run(4)
+        runs.append(([c.level for c in row.controls()], row.nodes["n1"].locks_mhz()))
+        await row.stop()
+    assert runs[0] == runs[1]
+
+
+async def test_aggregator_lost_agents_fail_safe_restart_resumes_at_the_same_level(
+    tmp_path: Path,
+) -> None:
+    """The lease ends without a controller (fail-safe); a new aggregator starts from T2."""
+    row = _row(tmp_path, meter_pct=92.0)
+    await row.start()
+    await _until(row, lambda: row.levels() == dict.fromkeys(row.nodes, 2))
+    bus = row.aggregator_bus()
+    assert bus is not None
+    bus.drop()  # the process died: its Last Will goes out, its control stays retained
+    await row.run(4)  # past the 3 s lease
+    assert row.levels() == dict.fromkeys(row.nodes)  # every agent in fail-safe
+    assert _at(row, low=LOW_T2_MHZ, high=HIGH_T2_MHZ)  # the fail-safe caps are T2's
+    seen = len(row.controls())
+    row.meter_pct = 86.0  # below T2's threshold, inside its band: T2 must hold
+    row.restart_aggregator()
+    await row.run(4)
+    after = row.controls()[seen:]
+    assert after
+    assert all(c.level == 2 for c in after)
+    assert row.levels() == dict.fromkeys(row.nodes, 2)
+    await row.stop()
+
+
+async def test_a_node_that_goes_away_counts_at_its_limits(tmp_path: Path) -> None:
+    """Without a meter, a node whose agent is gone counts at 4 x 400 W, never at 0 W."""
+    row = _row(tmp_path)
+    await row.start()
+    await row.run(3)
+    row.nodes["n4"].bus.drop()  # its Last Will says offline
+    await row.run(1)
+    result = row.aggregator.rows.last
+    assert result is not None
+    rack2 = next(r for r in result.rows[0].rollup.racks if r.rack == "rack2")
+    assert rack2.nodes_offline == 1
+    assert rack2.power_w >= 4 * 400.0
+    await row.stop()
+
+
+async def test_hostile_retained_messages_change_nothing(tmp_path: Path) -> None:
+    """Poison retained on every subscribed topic: no daemon breaks, T2 still caps."""
+    row = _row(tmp_path, meter_pct=92.0)
+    for original, payload in poison().items():
+        topic = original.replace("/rack1/node1/", "/rack1/n1/").replace(
+            "/rack2/node2/", "/rack2/n3/"
+        )
+        row.probe.publish_nowait(OutMessage(topic, payload, qos=1, retain=True))
+    await row.start()
+    await _until(row, lambda: _at(row, low=LOW_T2_MHZ, high=HIGH_T2_MHZ))
+    assert row.aggregator.intake.dropped["internal"] == 0
+    assert all(node.agent.core.drops.counts["internal"] == 0 for node in row.nodes.values())
+    assert row.nodes["n1"].agent.core.drops.total > 0  # the poison was seen, and dropped
+    await row.stop()
+
+
+async def test_a_leak_brakes_its_own_rack_only(tmp_path: Path) -> None:
+    """A critical leak on rack1's CDU brakes rack1's GPUs at once; rack2 runs on."""
+    row = _row(tmp_path, cdus={"rack1": "cdu1", "rack2": "cdu2"}, meter_pct=50.0)
+    await row.start()
+    await row.run(3)
+    assert row.levels() == dict.fromkeys(row.nodes, 0)
+    row.plants["rack1"].leak(detector=0, escalate_after_s=0)
+    took = await _until(row, lambda: row.levels()["n1"] == 3 and row.levels()["n2"] == 3)
+    assert took <= 4.0  # the default critical debounce is 2 s
+    assert row.levels()["n3"] == 0
+    assert row.levels()["n4"] == 0
+    await row.stop()
+
+
+async def test_an_agent_clock_stepped_an_hour_keeps_following(tmp_path: Path) -> None:
+    """One node's wall clock jumps an hour ahead: it follows T2 throughout, and says so."""
+    row = _row(tmp_path, meter_pct=92.0)
+    await row.start()
+    await _until(row, lambda: row.levels() == dict.fromkeys(row.nodes, 2))
+    row.nodes["n2"].wall.offset_ns = HOUR_NS
+    for _ in range(10):  # 5 s: longer than the lease
+        await row.step()
+        assert row.levels()["n2"] == 2
+    assert row.nodes["n2"].agent.core.clock_skewed
+    assert not row.nodes["n1"].agent.core.clock_skewed
+    await row.stop()
