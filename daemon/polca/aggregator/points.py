@@ -19,7 +19,9 @@ from polca.telemetry.schema import Control, Event, GpuTelemetry, Telemetry
 
 if TYPE_CHECKING:
     from polca.aggregator.controller import ScopeDecision
+    from polca.aggregator.intake import Intake
     from polca.aggregator.step import RowResult, StepResult
+    from polca.export.sink import SinkStats
 
 _TEXT_MAX_CHARS: Final = 256
 """An event's text field, in characters."""
@@ -349,3 +351,21 @@ def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
             )
         )
     return out
+
+
+def aggregator_point_of(
+    intake: Intake, stats: SinkStats, *, site: str, instance: str, ts_ns: int
+) -> Point:
+    """The aggregator's own health: messages in and dropped by reason, the sinks' counters."""
+    return aggregator_point(
+        ts_ns=ts_ns,
+        site=site,
+        instance=instance,
+        messages_in=intake.messages_in,
+        messages_dropped=intake.drops.total,
+        points_written=stats.points_written,
+        points_dropped=stats.points_dropped,
+        points_spooled=stats.points_spooled,
+        spool_bytes=stats.spool_bytes,
+        dropped=dict(intake.dropped),
+    )

@@ -285,18 +285,6 @@ class Aggregator:
         if result is None:
             return None  # warming up
         s = self.settings
-        for event in result.cooling.events:
-            log = self.log.warning if event.action in ("raised", "escalated") else self.log.info
-            log(
-                "cooling_alarm",
-                loop=event.loop,
-                alarm=event.alarm,
-                severity=event.severity,
-                action=event.action,
-                value=event.value,
-                threshold=event.threshold,
-                detail=event.detail,
-            )
         for message in messages.step_messages(
             self.topics, site=s.site, issuer=s.instance, result=result
         ):
@@ -308,19 +296,13 @@ class Aggregator:
                 self.notifier.status(self._status_line())
         if self.sinks:
             out = points.step_points(result, site=s.site, instance=s.instance)
-            stats = self.sinks.stats
             out.append(
-                points.aggregator_point(
-                    ts_ns=result.now_ns,
+                points.aggregator_point_of(
+                    self.intake,
+                    self.sinks.stats,
                     site=s.site,
                     instance=s.instance,
-                    messages_in=self.intake.messages_in,
-                    messages_dropped=self.intake.drops.total,
-                    points_written=stats.points_written,
-                    points_dropped=stats.points_dropped,
-                    points_spooled=stats.points_spooled,
-                    spool_bytes=stats.spool_bytes,
-                    dropped=dict(self.intake.dropped),
+                    ts_ns=result.now_ns,
                 )
             )
             self.sinks.write(out)

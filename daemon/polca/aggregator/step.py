@@ -170,6 +170,18 @@ class RowControl:
         cooling = self.cooling.step(
             rack_power_w=rack_power_w, now_s=now_s, top_level=loaded.policy.top_level
         )
+        for event in cooling.events:
+            log = self.log.warning if event.action in ("raised", "escalated") else self.log.info
+            log(
+                "cooling_alarm",
+                loop=event.loop,
+                alarm=event.alarm,
+                severity=event.severity,
+                action=event.action,
+                value=event.value,
+                threshold=event.threshold,
+                detail=event.detail,
+            )
         rows = tuple(
             self._row(row, rollups[row.name], cooling, now_s=now_s, now_ns=now_ns, loaded=loaded)
             for row in self.settings.rows
