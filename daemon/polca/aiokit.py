@@ -18,11 +18,8 @@ from typing import Any, NoReturn
 
 import structlog
 
+from polca.errors import StopRequestedError, UnexpectedReturnError
 from polca.sdnotify import SystemdNotifier, WatchdogGate
-
-
-class UnexpectedReturnError(RuntimeError):
-    """An eternal task returned; the supervisor treats that as a failure."""
 
 
 async def guard(name: str, coro: Coroutine[Any, Any, object]) -> None:
@@ -95,10 +92,6 @@ def install_signal_handlers(stop: asyncio.Event, reload: asyncio.Event) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
-
-
-class StopRequestedError(Exception):
-    """Raised inside a supervisor's TaskGroup to end it when a stop was requested."""
 
 
 async def raise_when_set(event: asyncio.Event) -> None:

@@ -11,6 +11,8 @@ visible. Callers branch on the class, never on message text:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class PolcaError(Exception):
     """Root of every error polca raises on purpose."""
@@ -151,3 +153,66 @@ class BatchRejectedError(PolcaError):
         self.status = status
         self.kind = kind
         self.dropped_points = dropped_points
+
+
+class UnexpectedReturnError(PolcaError, RuntimeError):
+    """An eternal task returned; the supervisor treats that as a failure."""
+
+
+class StopRequestedError(PolcaError):
+    """Raised inside a supervisor's TaskGroup to end it when a stop was requested."""
+
+
+class SimConfigError(ConfigError):
+    """A simulation cannot run with these inputs; the message names the input at fault."""
+
+
+class TraceError(ConfigError):
+    """A trace file cannot be used; the message starts with ``FILE:LINE:``."""
+
+
+@dataclass(frozen=True, slots=True)
+class YamlProblem:
+    """One thing wrong with a text, at a 1-based line and column when known."""
+
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+
+class YamlError(PolcaError):
+    """YAML text that polca refuses (malformed, or beyond a bound); ``problems`` says where.
+
+    ``str()`` is ``SOURCE:LINE:COL: message`` of the first problem; callers translate the
+    error into their own (``PolicyError``, ``ConfigError``), chained with ``from``.
+    """
+
+    def __init__(self, source: str, problems: tuple[YamlProblem, ...]) -> None:
+        """``problems`` holds at least one problem, in text order."""
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(f"{_where(source, first)}: {first.message}{more}")
+        self.source = source
+        self.problems = problems
+
+    @property
+    def line(self) -> int | None:
+        """1-based line of the first problem, if known."""
+        return self.problems[0].line
+
+    @property
+    def column(self) -> int | None:
+        """1-based column of the first problem, if known."""
+        return self.problems[0].column
+
+    def lines(self) -> tuple[str, ...]:
+        """Each problem as ``SOURCE:LINE:COL: message`` (1:1 when the text gives no place)."""
+        return tuple(
+            f"{self.source}:{p.line or 1}:{p.column or 1}: {p.message}" for p in self.problems
+        )
+
+
+def _where(source: str, problem: YamlProblem) -> str:
+    if problem.line is None:
+        return source
+    return f"{source}:{problem.line}:{problem.column or 1}"

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from polca.errors import ConfigError
+from polca.errors import SimConfigError
 from polca.physics import power
 from polca.physics.presets import GpuModel, get_model
 from polca.workload.serving import serving_model
@@ -58,10 +58,6 @@ ACTUATION_PRESETS_S: dict[str, float] = {
     # Out-of-band through the BMC (SMBPBI): up to 40 s per server (POLCA Table 1).
     "out-of-band": 40.0,
 }
-
-
-class SimConfigError(ConfigError):
-    """A simulation cannot run with these inputs; the message names the input at fault."""
 
 
 @dataclass(frozen=True, slots=True)

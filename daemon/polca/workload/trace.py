@@ -32,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO
 
-from polca.errors import ConfigError
+from polca.errors import TraceError
 
 BUNDLED_TRACE = "azure_llm_inference_code_2023.csv"  # in polca/data/, with ATTRIBUTION.md
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -53,10 +53,6 @@ MAX_TOKENS = 10_000_000
 """Most prompt or output tokens of one request (well above any model's context window)."""
 MAX_SPAN_S = 366 * 86_400.0
 """Longest time from a trace's first request to its last: a year."""
-
-
-class TraceError(ConfigError):
-    """A trace file cannot be used; the message starts with ``FILE:LINE:``."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
