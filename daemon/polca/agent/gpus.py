@@ -93,6 +93,33 @@ class NodeGpus:
             return None
         return await self.execute(plans)
 
+    async def control_step(
+        self, core: AgentCore, now_mono_ns: int, now_s: float
+    ) -> tuple[ApplyResult | None, bool]:
+        """Decide now and apply what changed: the outcome, and whether the state changed.
+
+        When nothing the decision depends on changed, only a limit someone else moved
+        (seen in a sample taken since the last write) is re-asserted.
+        """
+        decision = core.decide(now_mono_ns)
+        if decision is None:
+            if self.observe_only or core.decision is None or not self.actuator.drifted(core.fresh):
+                return None, False
+            return await self._actuate(core, core.decision, now_s), False
+        taken = core.take(decision)
+        result = None if self.observe_only else await self._actuate(core, decision, now_s)
+        return result, taken.targets_changed or (result is not None and _wrote(result))
+
+    async def _actuate(
+        self, core: AgentCore, decision: Decision, now_s: float
+    ) -> ApplyResult | None:
+        samples = {i: s for i, s in core.fresh.items() if i not in core.lost}
+        result = await self.apply(decision.targets, samples)
+        if result is not None:
+            core.fresh.clear()  # later samples are the ones that can show a drift
+            core.note_outcomes(decision, result, now_s)
+        return result
+
     async def resume_after_unclean_end(self, core: AgentCore, now_mono_ns: int) -> bool:
         """Apply the fail-safe caps first when a previous run did not restore the GPUs.
 
@@ -183,3 +210,7 @@ class NodeGpus:
             ],
         )
         core.take(decision)
+
+
+def _wrote(result: ApplyResult) -> bool:
+    return any(o.action != "unchanged" for o in result.outcomes)

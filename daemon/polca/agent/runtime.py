@@ -36,11 +36,11 @@ from polca.agent.actuator import ApplyResult
 from polca.agent.core import AgentCore
 from polca.agent.gpus import NodeGpus
 from polca.agent.window import TelemetryWindow
-from polca.errors import FatalError, GpuError, GpuLostError, PolicyError
+from polca.errors import GpuError
 from polca.exits import ExitRecord
 from polca.gpu.backend import GpuBackend, GpuSample
 from polca.gpu.threaded import ThreadedGpu
-from polca.policy import Decision, PolicyStore
+from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.settings import Settings
 from polca.telemetry.bus import Bus, BusFactory, InMessage, MqttBus, OutMessage
@@ -252,30 +252,11 @@ class Agent:
 
     async def control_step(self) -> ApplyResult | None:
         """Decide the caps for now and apply what changed; returns the apply outcome."""
-        core = self.core
-        decision = core.decide(self.mono_ns())
-        observe = self.settings.agent.observe_only
-        if decision is None:
-            # Same inputs, same decision (the engine is pure): only check for drift.
-            if observe or core.decision is None or not self.gpus.actuator.drifted(core.fresh):
-                return None
-            return await self._actuate(core.decision)
-        taken = core.take(decision)
-        result = None if observe else await self._actuate(decision)
-        if taken.targets_changed or (
-            result is not None and any(o.action != "unchanged" for o in result.outcomes)
-        ):
+        now_s = asyncio.get_running_loop().time()
+        result, changed = await self.gpus.control_step(self.core, self.mono_ns(), now_s)
+        if changed:
             self._publish(self._state_message())
             self.notifier.status(self._status_line())
-        return result
-
-    async def _actuate(self, decision: Decision) -> ApplyResult | None:
-        core = self.core
-        samples = {i: s for i, s in core.fresh.items() if i not in core.lost}
-        result = await self.gpus.apply(decision.targets, samples)
-        if result is not None:
-            core.fresh.clear()
-            core.note_outcomes(decision, result, asyncio.get_running_loop().time())
         return result
 
     def _publish_telemetry_once(self) -> None:
@@ -341,9 +322,4 @@ class Agent:
         self._wake.set()
 
 
-def is_fatal(exc: BaseException) -> bool:
-    """Whether an error should stop the agent with a message rather than a traceback."""
-    return isinstance(exc, FatalError | PolicyError) and not isinstance(exc, GpuLostError)
-
-
-__all__ = ["Agent", "GpuError", "is_fatal"]
+__all__ = ["Agent"]
