@@ -131,7 +131,7 @@ class Row:
         self.nodes: dict[str, Node] = {}
         for rack, names in self.racks.items():
             for name in names:
-                self.nodes[name] = self._new_node(rack, name)
+                self.nodes[name] = self.new_node(rack, name)
         self.plants = {
             rack: SimulatedCdu(
                 cdu,
@@ -195,10 +195,11 @@ class Row:
             bus_factory=self.broker.bus,
         )
 
-    def _new_node(self, rack: str, name: str) -> Node:
+    def new_node(self, rack: str, name: str, *, backend: SimulatedBackend | None = None) -> Node:
+        """A node (not started); ``backend``: its GPUs, kept across an agent restart."""
         assert self.policy is not None
         wall = SkewedWall(self.clock)
-        backend = SimulatedBackend(
+        backend = backend or SimulatedBackend(
             count=self.gpus,
             model="A100-SXM4",
             load="constant:0.3",

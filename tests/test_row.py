@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from polca.telemetry.bus import OutMessage
 from tests.integration.test_hostile_retained import poison
 from tests.row import HOUR_NS, Row
@@ -164,4 +166,29 @@ async def test_an_agent_clock_stepped_an_hour_keeps_following(tmp_path: Path) ->
         assert row.levels()["n2"] == 2
     assert row.nodes["n2"].agent.core.clock_skewed
     assert not row.nodes["n1"].agent.core.clock_skewed
+    await row.stop()
+
+
+async def test_an_agent_that_fails_leaves_fail_safe_caps_and_restarts_capped(
+    tmp_path: Path,
+) -> None:
+    """A sampler failure at nominal ends the agent at the fail-safe; its restart starts there."""
+    row = _row(tmp_path, meter_pct=50.0)
+    await row.start()
+    await row.run(3)
+    assert _at(row, low=None, high=None)
+    node = row.nodes["n1"]
+    node.backend.fail_samples(RuntimeError("binding bug"))
+    with pytest.raises(RuntimeError, match="binding bug"):
+        await node.agent.tick()
+    await node.agent.stop(clean=False)  # what the shell does when a task fails
+    assert all(lock is not None and lock <= HIGH_T2_MHZ for lock in node.locks_mhz())
+    assert all(lock is not None and lock <= LOW_T2_MHZ for lock in node.locks_mhz()[1:])
+    node.backend.fail_samples(None)
+    row.nodes["n1"] = restarted = row.new_node("rack1", "n1", backend=node.backend)
+    await row.start_agent(restarted)
+    assert restarted.agent.core.decision is not None
+    assert restarted.agent.core.decision.fail_safe  # capped before any control message
+    assert restarted.agent.core.grace_until_mono_ns <= row.clock.mono()  # and no grace
+    await _until(row, lambda: row.levels()["n1"] == 0)  # the controller takes it back
     await row.stop()
