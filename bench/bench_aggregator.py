@@ -1,210 +1,238 @@
-"""Aggregator intake throughput: node telemetry messages per second, against the broker floor.
+"""Aggregator intake throughput against a bare subscriber, each in its own process.
 
-A local Mosquitto, an in-process aggregator owning one row of 128 nodes (4 racks x 32), and
-a publisher that sends ``--messages`` 8-GPU telemetry messages (QoS 0) round-robin over the
-nodes as fast as it can. The figure is the rate at which the aggregator decodes, validates and
-rolls them up (its control loop runs meanwhile). As the floor, the same stream is received by
-a bare aiomqtt subscriber that only counts messages, in the same run.
+One Mosquitto (unbounded queues), a VictoriaMetrics for the aggregator's sink, and a row of
+128 nodes (4 racks x 32) whose 8-GPU telemetry (about 4.6 kB a message) comes from
+``--publishers`` publisher processes (``bench/benchkit.py``). Measured, each in its own
+process, on the same stream in the same run:
 
-    .venv/bin/python bench/bench_aggregator.py [--messages 20000]
+- **floor**: a bare aiomqtt subscriber that only counts messages;
+- **intake**: the real aggregator (``polca.aggregator.runtime.Aggregator`` from a
+  configuration file, its rollups, controllers and InfluxDB sink running), timing each
+  message its intake handled.
 
-Writes ``bench/results/aggregator.json``. For scale: a row of 128 nodes publishing at 1 Hz is
-128 messages/s.
+Each is measured by *draining*: it is stopped (SIGSTOP) while the publishers fill the
+broker's queue for it with ``--messages`` messages, then resumed, so it runs at its own top
+speed with nothing else on the CPU; the rate is messages over the span from its first to
+its last. Then a *paced* run: publishers at ``--paced-rate`` msg/s for ``--paced-s``
+seconds while the aggregator runs: did it keep up (received == published)? QoS 0 and QoS 1.
+
+    .venv/bin/python bench/bench_aggregator.py [--messages 30000] [--trials 3]
+
+Writes ``bench/results/aggregator.json``: ``intake_msgs_per_s``, ``floor_msgs_per_s``
+(medians, QoS 0), ``dropped`` (messages published but not handled, over all runs), and
+the details per QoS.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.* is repository tooling (the Mosquitto runner)
+sys.path.insert(0, str(REPO))
+
+from bench.benchkit import BROKER_CONFIG, Child, median, publishers  # noqa: E402
 
 SITE, ROW = "bench", "row1"
 RACKS, NODES_PER_RACK = 4, 32
+TOPIC = f"polca/v1/{SITE}/{ROW}/+/+/telemetry"
 
 
-def _payloads() -> list[tuple[str, bytes]]:
-    from polca.telemetry.schema import GpuTelemetry, Telemetry, encode
+def _config(workdir: Path, *, port: int, influx_url: str) -> Path:
+    from bench.benchkit import node_name
 
-    out = []
-    for r in range(RACKS):
-        for n in range(NODES_PER_RACK):
-            node = f"n{r}-{n}"
-            gpus = tuple(
-                GpuTelemetry(
-                    index=i,
-                    uuid=f"GPU-{node}-{i}",
-                    name="H100",
-                    samples=10,
-                    power_w=500.0,
-                    power_mean_w=480.0,
-                    power_min_w=300.0,
-                    power_max_w=690.0,
-                    energy_j=1e6,
-                    energy_delta_j=480.0,
-                    gpu_temp_c=61.0,
-                    mem_temp_c=70.0,
-                    sm_clock_mhz=1980,
-                    mem_clock_mhz=2619,
-                    gpu_util_pct=80.0,
-                    power_limit_w=700.0,
-                    enforced_power_limit_w=700.0,
-                    clock_event_reasons=0,
-                )
-                for i in range(8)
-            )
-            message = Telemetry(
-                ts_ns=time.time_ns(),
-                seq=1,
-                node=node,
-                interval_s=1.0,
-                node_gpu_power_w=3840.0,
-                node_energy_delta_j=3840.0,
-                gpus=gpus,
-            )
-            out.append((f"polca/v1/{SITE}/{ROW}/r{r}/{node}/telemetry", encode(message)))
-    return out
-
-
-async def _publish(host: str, port: int, payloads: list[tuple[str, bytes]], count: int) -> None:
-    import aiomqtt
-
-    async with aiomqtt.Client(
-        host, port, identifier="bench-publisher", max_queued_outgoing_messages=count + 10
-    ) as client:
-        for i in range(count):
-            topic, payload = payloads[i % len(payloads)]
-            await client.publish(topic, payload, qos=0)
-
-
-async def floor_rate(host: str, port: int, count: int) -> float:
-    """Messages/s received by a subscriber that only counts."""
-    import aiomqtt
-
-    payloads = _payloads()
-    async with aiomqtt.Client(
-        host, port, identifier="bench-floor", max_queued_incoming_messages=count + 10
-    ) as sub:
-        await sub.subscribe(f"polca/v1/{SITE}/{ROW}/+/+/telemetry", qos=0)
-        received = 0
-        start = time.perf_counter()
-        publisher = asyncio.create_task(_publish(host, port, payloads, count))
-        async for _ in sub.messages:
-            received += 1
-            if received == count:
-                break
-        elapsed = time.perf_counter() - start
-        await publisher
-    return count / elapsed
-
-
-async def aggregator_rate(host: str, port: int, count: int, workdir: Path) -> dict[str, Any]:
-    """Messages/s the aggregator's intake processes."""
-    from polca.aggregator.config import AggregatorSettings, NodeSpec, RackSpec, RowSpec
-    from polca.aggregator.runtime import Aggregator
-    from polca.settings import MqttSettings
-
-    settings = AggregatorSettings(
-        mqtt=MqttSettings(host=host, port=port, inbox_size=count + 10),
-        site=SITE,
-        instance="bench",
-        policy_file=REPO / "policies" / "polca-h100.yaml",
-        state_dir=workdir,
-        rows=(
-            RowSpec(
-                name=ROW,
-                budget_w=1e6,
-                racks=tuple(
-                    RackSpec(
-                        name=f"r{r}",
-                        nodes=tuple(NodeSpec(name=f"n{r}-{n}") for n in range(NODES_PER_RACK)),
-                    )
+    config = {
+        "site": SITE,
+        "instance": "bench",
+        "policy_file": str(REPO / "policies" / "polca-h100.yaml"),
+        "state_dir": str(workdir / "state"),
+        "mqtt": {"host": "127.0.0.1", "port": port, "inbox_size": 200_000},
+        "influx": {"url": influx_url, "api": "v2"},
+        "rows": [
+            {
+                "name": ROW,
+                "budget_w": 1e6,
+                "racks": [
+                    {
+                        "name": f"r{r}",
+                        "nodes": [{"name": node_name(r, n)} for n in range(NODES_PER_RACK)],
+                    }
                     for r in range(RACKS)
-                ),
-            ),
-        ),
-    )
-    aggregator = Aggregator(settings)
-    task = asyncio.create_task(aggregator.run())
-    while aggregator.bus is None or not aggregator.bus.connected.is_set():  # noqa: ASYNC110
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.5)
-    before = aggregator.intake.messages_in
-    start = time.perf_counter()
-    await _publish(host, port, _payloads(), count)
-    while aggregator.intake.messages_in - before < count:
-        await asyncio.sleep(0.005)
-        if time.perf_counter() - start > 120:
-            break
-    elapsed = time.perf_counter() - start
-    processed = aggregator.intake.messages_in - before
-    dropped = aggregator.bus.stats.inbox_dropped
-    aggregator.stop_requested.set()
-    await task
-    return {
-        "rate": processed / elapsed,
-        "processed": processed,
-        "inbox_dropped": dropped,
-        "intake_dropped": dict(aggregator.intake.dropped),
+                ],
+            }
+        ],
+        "logging": {"level": "error", "format": "json"},
     }
+    path = workdir / "aggregator.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
 
 
-async def main_async(count: int) -> dict[str, Any]:
-    """Run both measurements against one Mosquitto."""
+def _drain(consumer: Child, *, port: int, count: int, parts: int, qos: int) -> dict[str, Any]:
+    """Stop ``consumer``, publish ``count`` messages, resume it: its figures."""
+    assert consumer.line().get("ready")
+    consumer.pause()
+    pubs = publishers(
+        port=port, count=count, parts=parts, qos=qos, racks=RACKS, nodes_per_rack=NODES_PER_RACK
+    )
+    sent = sum(p.line()["sent"] for p in pubs)
+    for p in pubs:
+        p.process.wait()
+    cpu_before = consumer.cpu_s()
+    consumer.resume()
+    result = consumer.line(timeout_s=300)
+    result["cpu_s"] = (
+        round(consumer.cpu_s() - cpu_before, 3) if consumer.process.poll() is None else None
+    )
+    result["sent"] = sent
+    result["dropped"] = sent - result["received"]
+    consumer.stop()
+    return result
+
+
+def _paced(
+    consumer: Child, *, port: int, rate: float, seconds: float, parts: int
+) -> dict[str, Any]:
+    """Publishers at ``rate`` msg/s for ``seconds`` while ``consumer`` runs."""
+    assert consumer.line().get("ready")
+    count = int(rate * seconds)
+    pubs = publishers(
+        port=port,
+        count=count,
+        parts=parts,
+        qos=0,
+        rate=rate,
+        racks=RACKS,
+        nodes_per_rack=NODES_PER_RACK,
+    )
+    sent = [p.line() for p in pubs]
+    result = consumer.line(timeout_s=seconds + 60)
+    result["sent"] = sum(s["sent"] for s in sent)
+    result["publish_rate"] = sum(s["rate"] for s in sent)
+    result["dropped"] = result["sent"] - result["received"]
+    consumer.stop()
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement against one broker and one VictoriaMetrics."""
     from tests.mqtt_broker import MosquittoProcess
+    from tests.tsdb import VictoriaMetricsProcess
 
     with tempfile.TemporaryDirectory(prefix="polca-bench-agg-") as tmp:
-        broker = MosquittoProcess(Path(tmp) / "mosquitto")
+        workdir = Path(tmp)
+        broker = MosquittoProcess(workdir / "mosquitto", extra_config=BROKER_CONFIG)
+        vm = VictoriaMetricsProcess(workdir / "vm")
         broker.start()
+        vm.start()
         try:
-            floors = [await floor_rate(broker.host, broker.port, count) for _ in range(3)]
-            runs = [
-                await aggregator_rate(broker.host, broker.port, count, Path(tmp)) for _ in range(3)
-            ]
+            config = _config(workdir, port=broker.port, influx_url=vm.url)
+            per_qos: dict[str, Any] = {}
+            for qos in (0, 1):
+                floors, intakes = [], []
+                for _ in range(args.trials):
+                    floor = Child.role(
+                        "floor",
+                        f"--port={broker.port}",
+                        f"--count={args.messages}",
+                        f"--qos={qos}",
+                        f"--topic={TOPIC}",
+                    )
+                    floors.append(
+                        _drain(
+                            floor,
+                            port=broker.port,
+                            count=args.messages,
+                            parts=args.publishers,
+                            qos=qos,
+                        )
+                    )
+                    aggregator = Child.role(
+                        "aggregator",
+                        f"--port={broker.port}",
+                        f"--count={args.messages}",
+                        f"--config={config}",
+                    )
+                    intakes.append(
+                        _drain(
+                            aggregator,
+                            port=broker.port,
+                            count=args.messages,
+                            parts=args.publishers,
+                            qos=qos,
+                        )
+                    )
+                per_qos[f"qos{qos}"] = {
+                    "floor_msgs_per_s": round(median([f["rate"] for f in floors])),
+                    "intake_msgs_per_s": round(median([i["rate"] for i in intakes])),
+                    "floor_runs": floors,
+                    "intake_runs": intakes,
+                }
+            aggregator = Child.role(
+                "aggregator",
+                f"--port={broker.port}",
+                f"--count={int(args.paced_rate * args.paced_s)}",
+                f"--config={config}",
+                f"--timeout-s={args.paced_s + 30}",
+            )
+            paced = _paced(
+                aggregator,
+                port=broker.port,
+                rate=args.paced_rate,
+                seconds=args.paced_s,
+                parts=args.publishers,
+            )
         finally:
             broker.kill()
-    floors.sort()
-    rates = sorted(r["rate"] for r in runs)
+            vm.kill()
+    q0 = per_qos["qos0"]
+    dropped = sum(r["dropped"] for q in per_qos.values() for r in q["intake_runs"])
     return {
         "benchmark": "aggregator_intake",
         "nodes": RACKS * NODES_PER_RACK,
         "gpus_per_message": 8,
-        "messages": count,
-        "aggregator_msgs_per_s_median": round(rates[1]),
-        "subscriber_floor_msgs_per_s_median": round(floors[1]),
-        "ratio_to_floor": round(rates[1] / floors[1], 3),
-        "runs": runs,
+        "messages": args.messages,
+        "publishers": args.publishers,
+        "intake_msgs_per_s": q0["intake_msgs_per_s"],
+        "floor_msgs_per_s": q0["floor_msgs_per_s"],
+        "ratio_to_floor": round(q0["intake_msgs_per_s"] / q0["floor_msgs_per_s"], 3),
+        "dropped": dropped + paced["dropped"],
+        "qos": per_qos,
+        "paced": paced,
     }
 
 
 def main() -> int:
     """Run, print, write JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=20_000)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--messages", type=int, default=30_000)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--publishers", type=int, default=2)
+    parser.add_argument("--paced-rate", type=float, default=5000.0)
+    parser.add_argument("--paced-s", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "aggregator.json")
     args = parser.parse_args()
-    from polca import logs
-
-    logs.configure(level="error", fmt="json")
-    figures = asyncio.run(main_async(args.messages))
+    figures = run(args)
+    print(f"{'(msg/s, median of ' + str(args.trials) + ')':<28}{'QoS 0':>10}{'QoS 1':>10}")
+    for key, label in (
+        ("floor_msgs_per_s", "bare subscriber (floor)"),
+        ("intake_msgs_per_s", "aggregator intake"),
+    ):
+        print(f"{label:<28}{figures['qos']['qos0'][key]:>10}{figures['qos']['qos1'][key]:>10}")
     print(
-        f"aggregator intake (decode, validate, roll up): "
-        f"{figures['aggregator_msgs_per_s_median']:>8} msg/s (median of 3)"
+        f"ratio to the floor (QoS 0): {figures['ratio_to_floor']}; dropped: {figures['dropped']}; "
+        f"{figures['nodes']} nodes of 8 GPUs, {args.publishers} publisher processes"
     )
+    paced = figures["paced"]
     print(
-        f"bare subscriber, same stream (floor):         "
-        f"{figures['subscriber_floor_msgs_per_s_median']:>8} msg/s (median of 3)"
-    )
-    print(
-        f"ratio: {figures['ratio_to_floor']}  ({figures['nodes']} nodes of 8 GPUs; "
-        "one such node publishes 1 msg/s)"
+        f"paced: {paced['sent']} messages at {paced['publish_rate']:.0f} msg/s, aggregator handled "
+        f"{paced['received']} ({paced['dropped']} missing)"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")

@@ -26,7 +26,7 @@ import pwd
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -200,6 +200,7 @@ class MosquittoProcess(ServiceProcess):
         port: int | None = None,
         tls: bool | TlsFiles = False,
         require_certificate: bool = False,
+        extra_config: Sequence[str] = (),
     ) -> None:
         require_binary(
             MOSQUITTO, needed_by="the MQTT tests need a real Mosquitto", package="mosquitto"
@@ -215,6 +216,7 @@ class MosquittoProcess(ServiceProcess):
             self.tls = tls
         elif tls:
             self.tls = make_tls_files(workdir / "tls")
+        self._extra_config = tuple(extra_config)
         self._write_config(users, require_certificate=require_certificate)
 
     @property
@@ -258,6 +260,7 @@ class MosquittoProcess(ServiceProcess):
             lines += ["allow_anonymous false", f"password_file {password_file}"]
         else:
             lines.append("allow_anonymous true")
+        lines.extend(self._extra_config)  # e.g. queue limits for the benchmarks
         self.conf_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     def _argv(self) -> list[str]:

@@ -119,6 +119,7 @@ class Row:
     policy: Path | None = None
     agent_overrides: dict[str, Any] = field(default_factory=dict)
     control_overrides: dict[str, Any] = field(default_factory=dict)
+    aggregator_overrides: dict[str, Any] = field(default_factory=dict)
     clock: FakeClock = field(default_factory=FakeClock)
     broker: MemoryBroker = field(default_factory=MemoryBroker)
     meter_pct: float | None = None  # the row meter, as % of the budget (None: no meter)
@@ -148,6 +149,7 @@ class Row:
         )
         self.probe.connect()
         self.seen: list[InMessage] = []  # everything the probe received, in order
+        self.urgent_steps = 0  # control steps run at once on an urgent reading
 
     # -- building -------------------------------------------------------------------------
 
@@ -186,6 +188,7 @@ class Row:
                 **self.control_overrides,
             },
             cooling={"loops": loops},
+            **self.aggregator_overrides,
         )
         return Aggregator(
             settings,
@@ -270,6 +273,10 @@ class Row:
                 for message in bus.drain():
                     moved = True
                     self.aggregator.handle_message(message)
+                if self.aggregator.control_wake.is_set():  # as its control loop would
+                    self.aggregator.control_wake.clear()
+                    self.aggregator.control_step(self.clock.seconds())
+                    self.urgent_steps += 1
             for node in self.nodes.values():
                 if node.agent.bus is not None and node.bus.connected.is_set():
                     for message in node.bus.drain():

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from polca.telemetry.bus import OutMessage
+from polca.telemetry.schema import Meter, encode
 from tests.integration.test_hostile_retained import poison
-from tests.row import HOUR_NS, Row
+from tests.row import HOUR_NS, ROW, SITE, Row
 
 LOW_T1_MHZ = 1275
 LOW_T2_MHZ = 1110
@@ -191,4 +192,73 @@ async def test_an_agent_that_fails_leaves_fail_safe_caps_and_restarts_capped(
     assert restarted.agent.core.decision.fail_safe  # capped before any control message
     assert restarted.agent.core.grace_until_mono_ns <= row.clock.mono()  # and no grace
     await _until(row, lambda: row.levels()["n1"] == 0)  # the controller takes it back
+    await row.stop()
+
+
+async def test_write_intervals_thin_each_measurement_to_its_own_rate(tmp_path: Path) -> None:
+    """gpu every 2 s and node every 1 s, row every step (0.5 s): what a large site picks."""
+    row = _row(
+        tmp_path,
+        meter_pct=70.0,
+        aggregator_overrides={"influx": {"write_every_s": {"gpu": 2.0, "node": 1.0}}},
+    )
+    await row.start()
+    await row.run(3)
+    before = {m: len(row.sink.measurement(m)) for m in ("gpu", "node", "row")}
+    await row.run(10)
+    written = {m: len(row.sink.measurement(m)) - before[m] for m in before}
+    series = 4 * 4  # 4 nodes x 4 GPUs
+    assert 4 * series <= written["gpu"] <= 6 * series, written  # ~10 s / 2 s per GPU
+    assert 9 * 4 <= written["node"] <= 11 * 4, written  # ~10 s / 1 s per node
+    assert 19 <= written["row"] <= 21, written  # every 0.5 s step: not thinned
+    await row.stop()
+
+
+async def test_reading_over_the_next_threshold_escalates_without_waiting_for_the_interval(
+    tmp_path: Path,
+) -> None:
+    """The meter reading that crosses T2 runs the control step at once: caps before the tick.
+
+    No simulated time passes between the reading and the caps: the aggregator steps on the
+    reading (not its interval) and each agent applies on the control message. A second
+    reading over the same threshold does not step again until the next interval re-arms.
+    """
+    row = _row(tmp_path, meter_pct=70.0)
+    await row.start()
+    await row.run(2)
+    assert _at(row, low=None, high=None)
+    assert row.urgent_steps == 0
+    meter = Meter(ts_ns=row.clock.wall(), power_w=BUDGET_W * 0.92)
+    for _ in range(2):
+        row.probe.publish_nowait(OutMessage(f"polca/v1/{SITE}/{ROW}/meter", encode(meter)))
+        row.deliver()
+    assert row.urgent_steps == 1
+    for node in row.nodes.values():
+        await node.agent.control_step()  # what each agent's wake runs
+    assert _at(row, low=LOW_T2_MHZ, high=HIGH_T2_MHZ)
+    assert row.controls()[-1].level == 2
+    await row.stop()
+
+
+async def test_telemetry_that_takes_the_row_over_a_threshold_steps_at_once(
+    tmp_path: Path,
+) -> None:
+    """Without a meter, the node telemetry that lifts the computed row power over T1 does."""
+    row = _row(tmp_path)
+    await row.start()
+    await row.run(3)
+    assert row.controls()[-1].level == 0
+    for node in row.nodes.values():
+        for index in range(4):
+            node.backend.set_utilization(index, 1.0)
+    for _ in range(6):  # telemetry only: the aggregator's interval step never runs here
+        row.clock.advance(0.5)
+        for node in row.nodes.values():
+            await node.agent.tick()
+            node.agent.publish_telemetry()
+        row.deliver()
+        if row.urgent_steps:
+            break
+    assert row.urgent_steps == 1
+    assert row.controls()[-1].level >= 1
     await row.stop()

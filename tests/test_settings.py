@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from hypothesis import given
+from pydantic import ValidationError
 
 from polca import yamlkit
 from polca.aggregator.config import AggregatorSettings
@@ -16,6 +17,7 @@ from polca.cooling.config import CduSettings
 from polca.errors import ConfigError
 from polca.settings import (
     MAX_SECRET_BYTES,
+    InfluxSettings,
     ProcessSettings,
     Settings,
     load_settings,
@@ -284,3 +286,20 @@ def test_valid_configuration_decodes_to_its_values(tmp_path: Path) -> None:
     assert settings.gpu.simulated_count == 4
     assert settings.agent.sample_interval_s == pytest.approx(0.2)
     assert settings.logging.format == "json"
+
+
+@pytest.mark.parametrize(
+    "every_s",
+    [{"event": 1.0}, {"control": 1.0}, {"gpu": 0}, {"gpu": 7200}, {"gpu": "10"}, {"gpu": True}],
+)
+def test_write_intervals_name_thinnable_measurements_only(every_s: dict[str, Any]) -> None:
+    """Events, control and alarms are always written; an interval is 0 < s <= 3600, a number."""
+    with pytest.raises(ValidationError, match="write_every_s"):
+        InfluxSettings.model_validate({"write_every_s": every_s}, strict=True)
+    assert InfluxSettings().write_every_s == {"gpu": 1.0}
+    assert InfluxSettings.model_validate(
+        {"write_every_s": {"gpu": 10, "row": 1}}
+    ).write_every_s == {
+        "gpu": 10.0,
+        "row": 1.0,
+    }

@@ -388,7 +388,7 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
                 url=options.influx_url,
                 api="v1" if options.influx_api == "v1" else "v2",
                 flush_interval_s=1.0,
-                gpu_every_s=2.0,
+                write_every_s={"gpu": 2.0},
             ),
         )
         sink = make_sink(aggregator_settings.influx, state_dir=work / "aggregator")

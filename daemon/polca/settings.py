@@ -25,7 +25,7 @@ import types
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -198,6 +198,10 @@ class AgentSettings(_Group):
     )
 
 
+Thinnable = Literal["gpu", "node", "rack", "row", "cooling_loop", "aggregator"]
+"""The measurements whose write interval an operator can choose (``polca.export.schedule``)."""
+
+
 class InfluxSettings(_Group):
     """The time-series database the aggregator writes to (InfluxDB or compatible)."""
 
@@ -236,11 +240,11 @@ class InfluxSettings(_Group):
     timeout_s: float = Field(10.0, gt=0, description="Timeout of one write request.")
     retry_min_s: float = Field(0.5, ge=0, description="First retry delay (doubles, jitter).")
     retry_max_s: float = Field(30.0, ge=0, description="Largest retry delay.")
-    gpu_every_s: float = Field(
-        1.0,
-        gt=0,
-        description="Downsampling of per-GPU series: write one point per GPU at most this "
-        "often (node, rack and row series are written every interval).",
+    write_every_s: dict[Thinnable, Annotated[float, Field(gt=0, le=3600)]] = Field(
+        default_factory=lambda: {"gpu": 1.0},  # type: ignore[arg-type]
+        description="Per-measurement write intervals (s): a series is written at most this "
+        "often, e.g. {gpu: 10, node: 1}; measurements not named are written every time "
+        "(events, control decisions and alarms always are). See docs/influxdb.md.",
     )
 
 

@@ -174,12 +174,12 @@ def test_a_failing_handler_is_counted_and_the_intake_carries_on() -> None:
     calls: list[str] = []
 
     class Exploding(RowTracker):
-        def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> None:
+        def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> bool:
             calls.append(node)
             if len(calls) == 1:
                 msg = "boom"
                 raise RuntimeError(msg)
-            super().ingest_telemetry(node, telemetry, now_s)
+            return super().ingest_telemetry(node, telemetry, now_s)
 
     intake, tracker, _ = _intake(Exploding(_row()))
     with capture_logs() as logs:

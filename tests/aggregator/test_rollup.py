@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from polca.aggregator.config import NodeSpec, RackSpec, RowSpec
 from polca.aggregator.rollup import RowTracker
@@ -140,3 +142,41 @@ def test_a_node_cannot_under_report_by_contradicting_itself() -> None:
     tracker.ingest_telemetry("n2", lying, now_s=0)
     rack = tracker.rollup(0.5, stale_after_s=STALE_S).racks[0]
     assert rack.power_w >= 2_000 + 500  # its GPUs' 2 kW plus non-GPU power
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    readings=st.lists(
+        st.tuples(st.sampled_from(["n1", "n2", "n3"]), st.floats(min_value=0, max_value=4000)),
+        max_size=30,
+    )
+)
+def test_estimate_between_steps_is_the_rollup_of_the_same_readings(
+    readings: list[tuple[str, float]],
+) -> None:
+    """The running estimate that wakes the step equals the computed power a step would see."""
+    tracker = RowTracker(_row())
+    tracker.rollup(0.0, stale_after_s=STALE_S)  # every node unknown: counted at nameplate
+    for node, gpu_w in readings:
+        tracker.ingest_telemetry(node, _telemetry(node, gpu_w), now_s=1.0)
+        estimate = tracker.estimate_w
+        assert estimate == pytest.approx(
+            tracker.rollup(1.0, stale_after_s=STALE_S).computed_power_w, abs=1e-6
+        )
+
+
+def test_crossing_the_armed_threshold_reports_once_per_arming() -> None:
+    """Meter or telemetry over the threshold: True the first time only; re-armed by a step."""
+    tracker = RowTracker(_row(meter=True))
+    assert not tracker.ingest_meter(Meter(ts_ns=1, power_w=19_000), now_s=0)  # not armed yet
+    tracker.arm(16_000.0)
+    assert not tracker.ingest_meter(Meter(ts_ns=1, power_w=15_000), now_s=0.1)
+    assert tracker.ingest_meter(Meter(ts_ns=1, power_w=16_000), now_s=0.2)
+    assert not tracker.ingest_meter(Meter(ts_ns=1, power_w=17_000), now_s=0.3)
+    tracker.rollup(0.4, stale_after_s=STALE_S)
+    tracker.arm(8_000.0)
+    assert not tracker.ingest_telemetry("n1", _telemetry("n1", 1000), now_s=0.5)
+    # n2 never reported (0 W) and n3 is counted at its nameplate (6,000 W)
+    assert tracker.estimate_w == pytest.approx(1000 * 1.1 + 500 + 6_000)
+    assert tracker.ingest_telemetry("n2", _telemetry("n2", 1000), now_s=0.6)
+    assert not tracker.ingest_telemetry("n2", _telemetry("n2", 2000), now_s=0.7)

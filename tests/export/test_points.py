@@ -18,7 +18,14 @@ from polca.aggregator import points
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import LoopSpec
 from polca.cooling.supervisor import LoopAssessment, LoopSupervisor
-from polca.export.points import SCHEMA, Point, encode_lines, make_point
+from polca.export.points import (
+    SCHEMA,
+    AnyPoint,
+    LineTemplate,
+    Point,
+    encode_lines,
+    make_point,
+)
 from polca.telemetry.schema import CduTelemetry, Control, Event, GpuTelemetry, Telemetry
 from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
 
@@ -124,7 +131,7 @@ def test_escaped_point_reads_back_from_influxdb(influxdb1: InfluxDB1Process) -> 
     assert dict(keys) == {"clock_event_reasons": "integer", "power_w": "float", "text": "string"}
 
 
-def _assert_matches_schema(point: Point) -> None:
+def _assert_matches_schema(point: AnyPoint) -> None:
     schema = SCHEMA[point.measurement]
     assert set(point.tags) <= set(schema.tags)
     for name, value in point.fields.items():
@@ -540,3 +547,117 @@ def test_surrogate_reads_back_from_influxdb_as_replacement_character(
     )
     (series,) = influxdb1.query('SELECT "node", "text" FROM "e"')
     assert series["values"][0][1:] == ["n\ufffd", "a\ufffdb"]
+
+
+# -- line templates (the per-GPU hot path) -------------------------------------------------
+
+_TEMPLATE = LineTemplate(
+    "gpu", tag_keys=("site", "node", "gpu_uuid", "class"), fields=("power_w", "temp_c", "lost")
+)
+_INT_TEMPLATE = LineTemplate("node", tag_keys=("node",), fields=("level", "outbox_dropped"))
+
+
+def _parsed(line: str) -> tuple[str, dict[str, float | int], str]:
+    """A numeric line as (head, field -> value, timestamp), so that 1980 equals 1980.0."""
+    head, fields, ts = line.rsplit(" ", 2)
+    values: dict[str, float | int] = {}
+    for item in fields.split(","):
+        key, text = item.split("=")
+        values[key] = int(text[:-1]) if text.endswith("i") else float(text)
+    return head, values, ts
+
+
+def _as_point(
+    template: LineTemplate, tags: tuple[str, ...], values: tuple[float | int | None, ...]
+) -> Point:
+    return Point(
+        template.measurement,
+        dict(zip(template.tag_keys, tags, strict=True)),
+        {
+            name: kind(value)  # type: ignore[misc]
+            for name, kind, value in zip(
+                template.field_names,
+                (SCHEMA[template.measurement].field_type(n) for n in template.field_names),
+                values,
+                strict=True,
+            )
+            if value is not None
+        },
+        TS_NS,
+    )
+
+
+_NUMBER = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**6), max_value=10**6),
+)
+_TAG_TEXT = st.text(max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    tags=st.tuples(_TAG_TEXT, _TAG_TEXT, _TAG_TEXT, _TAG_TEXT),
+    values=st.tuples(_NUMBER, _NUMBER, _NUMBER),
+    ints=st.tuples(_NUMBER, st.one_of(st.none(), st.integers(min_value=-(2**65), max_value=2**65))),
+)
+def test_template_writes_what_the_point_writes(
+    tags: tuple[str, str, str, str],
+    values: tuple[float | int | None, ...],
+    ints: tuple[float | int | None, int | None],
+) -> None:
+    """Differential: a templated point encodes as the equivalent Point (values, errors)."""
+    for template, tag_values, field_values in (
+        (_TEMPLATE, tags, values),
+        (_INT_TEMPLATE, tags[:1], ints),
+    ):
+        templated = template.point(tag_values, field_values, TS_NS)
+        plain = _as_point(template, tag_values, field_values)
+        try:
+            expected = plain.to_line()
+        except ValueError as exc:
+            with pytest.raises(ValueError, match=str(exc).split(" ")[0]):
+                templated.to_line()
+            continue
+        line = templated.to_line()
+        if not expected:
+            assert line == ""
+            continue
+        assert _parsed(line) == _parsed(expected)
+        assert templated.tags == plain.tags
+        assert repr(templated.fields) == repr(plain.fields)  # NaN included
+
+
+def test_template_caches_one_head_per_series_and_stays_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Heads are escaped once per series; the cache empties when full instead of growing."""
+    import polca.export.points as module
+
+    monkeypatch.setattr(module, "_CACHE_MAX", 4)
+    template = LineTemplate("gpu", tag_keys=("node",), fields=("power_w",))
+    for i in range(10):
+        line = template.point((f"n {i}",), (1.5,), TS_NS).to_line()
+        assert line.startswith(f"gpu,node=n\\ {i} power_w=1.5 ")
+        assert len(template._heads) <= 4
+    assert template.point(("n 9",), (2.5,), TS_NS).to_line().startswith("gpu,node=n\\ 9 ")
+
+
+def test_template_refuses_unknown_names_and_text_fields() -> None:
+    """Templates are checked against SCHEMA when made, like make_point's names."""
+    with pytest.raises(ValueError, match="unknown measurement"):
+        LineTemplate("gpus", tag_keys=(), fields=("power_w",))
+    with pytest.raises(ValueError, match="tags"):
+        LineTemplate("gpu", tag_keys=("job",), fields=("power_w",))
+    with pytest.raises(ValueError, match="not a numeric field"):
+        LineTemplate("event", tag_keys=(), fields=("text",))
+    with pytest.raises(ValueError, match="not a numeric field"):
+        LineTemplate("gpu", tag_keys=(), fields=("watts",))
+
+
+def test_gpu_points_encode_as_points_built_field_by_field() -> None:
+    """The templated gpu points write the same lines as the general Point would."""
+    for gpu in (_gpu(0), _gpu(1, locked_sm_clock_max_mhz=None, power_avg_w=None)):
+        (templated,) = points.gpu_points(_telemetry((gpu,)), site="s1", row="r1", rack="k 1")
+        plain = Point("gpu", templated.tags, templated.fields, templated.ts_ns)
+        assert _parsed(templated.to_line()) == _parsed(plain.to_line())

@@ -17,15 +17,16 @@ re-stamped with its time of receipt.
 
 Telemetry, status and meter readings go into the row trackers; ``handle`` returns what
 the caller must still route (``Accepted``: telemetry and events for the database, a
-retained control of ours to seed a ladder, a CDU reading for the cooling supervisor), so
-data flows one way. No I/O here.
+retained control of ours to seed a ladder, a CDU reading for the cooling supervisor, and
+``urgent`` when a telemetry or meter reading took its row over the next threshold, so the
+control step runs now rather than at the interval), so data flows one way. No I/O here.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import structlog
 
@@ -59,6 +60,7 @@ class TelemetryIn:
     rack: str
     node: str
     telemetry: Telemetry
+    urgent: bool = False  # it took the row over its next threshold: step now
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,14 @@ class CduIn:
     received_s: float
 
 
-Accepted = TelemetryIn | EventIn | RetainedControl | CduIn
+@dataclass(frozen=True, slots=True)
+class Urgent:
+    """A reading (the row meter's) took its row over the next threshold: step now."""
+
+
+METER_URGENT: Final = Urgent()
+
+Accepted = TelemetryIn | EventIn | RetainedControl | CduIn | Urgent
 """What ``Intake.handle`` accepted that its caller must route on."""
 
 
@@ -158,8 +167,7 @@ class Intake:
             )
             return None
         if message.topic in self._meters:
-            self._meter(message, now_s)
-            return None
+            return METER_URGENT if self._meter(message, now_s) else None
         if message.topic in self._cdu_topics:
             return self._cdu(message, now_s)
         if message.topic in self._controls:
@@ -182,8 +190,8 @@ class Intake:
             check_identity("node", payload=telemetry.node, topic=addr.node)
             _not_retained(message, "telemetry")
             telemetry = self._trusted(telemetry, message, channel)
-            tracker.ingest_telemetry(addr.node, telemetry, now_s)
-            return TelemetryIn(addr.row, addr.rack, addr.node, telemetry)
+            urgent = tracker.ingest_telemetry(addr.node, telemetry, now_s)
+            return TelemetryIn(addr.row, addr.rack, addr.node, telemetry, urgent)
         if channel == "status":
             status = decode(message.payload, Status)
             check_identity("node", payload=status.node, topic=addr.node)
@@ -216,12 +224,12 @@ class Intake:
         self.skewed.drop(channel, topic=raw.topic, detail=f"stamp {ahead_s:+.1f} s off")
         return message.model_copy(update={"ts_ns": raw.received_ns})
 
-    def _meter(self, message: InMessage, now_s: float) -> None:
+    def _meter(self, message: InMessage, now_s: float) -> bool:
         meter = decode(message.payload, Meter)
         _not_retained(message, "meter reading")
         if self.window.skewed(meter.ts_ns, message.received_ns):
             self.skewed.drop("meter", topic=message.topic, detail="meter stamp off")
-        self.trackers[self._meters[message.topic]].ingest_meter(meter, now_s)
+        return self.trackers[self._meters[message.topic]].ingest_meter(meter, now_s)
 
     def _cdu(self, message: InMessage, now_s: float) -> CduIn:
         cdu = decode(message.payload, CduTelemetry)

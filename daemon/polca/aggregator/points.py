@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Final
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import severity_rank
 from polca.cooling.supervisor import LoopAssessment
-from polca.export.points import FieldValue, Point, make_point
-from polca.telemetry.schema import Control, Event, GpuTelemetry, Telemetry
+from polca.export.points import FieldValue, LineTemplate, Point, SeriesPoint, make_point
+from polca.telemetry.schema import Control, Event, Telemetry
 
 if TYPE_CHECKING:
     from polca.aggregator.controller import ScopeDecision
@@ -27,58 +27,78 @@ _TEXT_MAX_CHARS: Final = 256
 """An event's text field, in characters."""
 
 
-def gpu_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[Point]:
-    """One ``gpu`` point per GPU of a node's telemetry message.
+_GPU_FIELDS: Final = (
+    "power_w",
+    "power_max_w",
+    "power_avg_w",
+    "energy_j",
+    "energy_delta_j",
+    "temp_c",
+    "temp_max_c",
+    "mem_temp_c",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "util_pct",
+    "mem_util_pct",
+    "power_limit_w",
+    "enforced_power_limit_w",
+    "locked_sm_clock_max_mhz",
+    "clock_event_reasons",
+    "lost",
+)
+_GPU: Final = LineTemplate(
+    "gpu",
+    tag_keys=("class", "gpu_index", "gpu_uuid", "model", "node", "rack", "row", "site"),
+    fields=_GPU_FIELDS,
+)
+_INDEX_TEXT: Final = tuple(str(i) for i in range(1024))
+"""``GpuTelemetry.index`` is 0..1023."""
 
-    ``power_w`` is the mean power over the publish interval; ``lost`` is 1.0 for a GPU the
-    agent reported lost. Missing readings are left out, not written as zero.
+
+def gpu_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[SeriesPoint]:
+    """One ``gpu`` point per GPU of a node's telemetry message (the sink's hot path).
+
+    ``power_w`` is the mean power over the publish interval (the last reading when the
+    agent sent no mean); ``lost`` is 1.0 for a GPU the agent reported lost. Missing
+    readings are left out, not written as zero. The wire schema has already typed every
+    value (floats, integers, never booleans), as ``LineTemplate`` requires.
     """
+    ts_ns, node, point = telemetry.ts_ns, telemetry.node, _GPU.point
     return [
-        _gpu_point(gpu, ts_ns=telemetry.ts_ns, site=site, row=row, rack=rack, node=telemetry.node)
+        point(
+            (
+                gpu.priority_class or "",
+                _INDEX_TEXT[gpu.index],
+                gpu.uuid,
+                gpu.name,
+                node,
+                rack,
+                row,
+                site,
+            ),
+            (
+                gpu.power_mean_w if gpu.power_mean_w is not None else gpu.power_w,
+                gpu.power_max_w,
+                gpu.power_avg_w,
+                gpu.energy_j,
+                gpu.energy_delta_j,
+                gpu.gpu_temp_c,
+                gpu.gpu_temp_max_c,
+                gpu.mem_temp_c,
+                gpu.sm_clock_mhz,
+                gpu.mem_clock_mhz,
+                gpu.gpu_util_pct,
+                gpu.mem_util_pct,
+                gpu.power_limit_w,
+                gpu.enforced_power_limit_w,
+                gpu.locked_sm_clock_max_mhz,
+                gpu.clock_event_reasons,
+                1.0 if gpu.state == "lost" else 0.0,
+            ),
+            ts_ns,
+        )
         for gpu in telemetry.gpus
     ]
-
-
-def _gpu_point(
-    gpu: GpuTelemetry, *, ts_ns: int, site: str, row: str, rack: str, node: str
-) -> Point:
-    # Built directly rather than through make_point: this runs for every GPU of every
-    # message, and the names below are checked against SCHEMA by a test.
-    power_w = gpu.power_mean_w if gpu.power_mean_w is not None else gpu.power_w
-    values: dict[str, float | int | None] = {
-        "power_w": power_w,
-        "power_max_w": gpu.power_max_w,
-        "power_avg_w": gpu.power_avg_w,
-        "energy_j": gpu.energy_j,
-        "energy_delta_j": gpu.energy_delta_j,
-        "temp_c": gpu.gpu_temp_c,
-        "temp_max_c": gpu.gpu_temp_max_c,
-        "mem_temp_c": gpu.mem_temp_c,
-        "sm_clock_mhz": gpu.sm_clock_mhz,
-        "mem_clock_mhz": gpu.mem_clock_mhz,
-        "util_pct": gpu.gpu_util_pct,
-        "mem_util_pct": gpu.mem_util_pct,
-        "power_limit_w": gpu.power_limit_w,
-        "enforced_power_limit_w": gpu.enforced_power_limit_w,
-        "locked_sm_clock_max_mhz": gpu.locked_sm_clock_max_mhz,
-    }
-    fields: dict[str, FieldValue | None] = {
-        name: float(value) for name, value in values.items() if value is not None
-    }
-    if gpu.clock_event_reasons is not None:
-        fields["clock_event_reasons"] = int(gpu.clock_event_reasons)
-    fields["lost"] = 1.0 if gpu.state == "lost" else 0.0
-    tags = {
-        "site": site,
-        "row": row,
-        "rack": rack,
-        "node": node,
-        "gpu_uuid": gpu.uuid,
-        "gpu_index": str(gpu.index),
-        "model": gpu.name,
-        "class": gpu.priority_class or "",
-    }
-    return Point("gpu", tags, fields, ts_ns)
 
 
 def node_point(

@@ -23,6 +23,7 @@ power history feeds a least-squares trend (W/s) for the controller's brake-on-tr
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -45,6 +46,7 @@ class NodeView:
     status: Literal["online", "offline"] | None = None
     limits_w: float | None = None  # sum of the GPUs' enforced limits, last telemetry
     gpu_power_w: float = 0.0  # the larger of the reported sum and the GPUs' own readings
+    counted_w: float = 0.0  # its share of the row's power estimate between steps
 
     def nameplate_w(self) -> float:
         """The conservative power of this node when its telemetry cannot be trusted."""
@@ -120,6 +122,9 @@ class RowTracker:
     _meter_rejected_at_s: float | None = None
     energy_j: float = 0.0
     history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    escalate_at_w: float = math.inf  # the next threshold above the row's level (``arm``)
+    estimate_w: float = 0.0  # the computed row power, kept current between steps
+    _armed: bool = False
 
     def __post_init__(self) -> None:
         for rack, node in self.spec.nodes():
@@ -130,32 +135,57 @@ class RowTracker:
         view = self.nodes.get(node)
         return view.rack if view is not None else None
 
-    def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> None:
-        """Record one telemetry message of a node of this row."""
+    def arm(self, escalate_at_w: float) -> None:
+        """Watch for the row power reaching ``escalate_at_w`` before the next step.
+
+        The control step arms the tracker with the threshold above the level it decided;
+        the first telemetry or meter reading that takes the row's power there makes
+        ``ingest_telemetry`` or ``ingest_meter`` return True, once until the next arming,
+        so the caller can run the next step at once instead of at the interval.
+        """
+        self.escalate_at_w = escalate_at_w
+        self._armed = True
+
+    def _crossed(self, power_w: float) -> bool:
+        if self._armed and power_w >= self.escalate_at_w:
+            self._armed = False
+            return True
+        return False
+
+    def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> bool:
+        """Record one telemetry message of a node of this row; True: it crossed (``arm``)."""
         view = self.nodes[node]
         view.telemetry = telemetry
         view.received_s = now_s
-        gpus_w = sum(g.power_mean_w or g.power_w or 0.0 for g in telemetry.gpus)
+        view.status = "online"
+        # One pass over the GPUs (the hot path of the intake): their power, their limits.
+        gpus_w = 0.0
+        limits_w = 0.0
+        limited = False
+        for g in telemetry.gpus:
+            gpus_w += g.power_mean_w or g.power_w or 0.0
+            limit = g.enforced_power_limit_w or g.power_limit_w
+            if limit is not None:
+                limits_w += limit
+                limited = True
         view.gpu_power_w = max(telemetry.node_gpu_power_w, gpus_w)
-        if view.status != "online":
-            view.status = "online"
-        limits = [
-            g.enforced_power_limit_w or g.power_limit_w
-            for g in telemetry.gpus
-            if (g.enforced_power_limit_w or g.power_limit_w) is not None
-        ]
-        if limits:
-            view.limits_w = float(sum(w for w in limits if w is not None))
+        if limited:
+            view.limits_w = limits_w
         self.energy_j += telemetry.node_energy_delta_j
+        counted_w = view.power_w("fresh")
+        self.estimate_w += counted_w - view.counted_w
+        view.counted_w = counted_w
+        return self._crossed(self.estimate_w)
 
     def ingest_status(self, node: str, status: Status) -> None:
         """Record a node's online/offline status (its Last Will says offline)."""
         self.nodes[node].status = status.state
 
-    def ingest_meter(self, meter: Meter, now_s: float) -> None:
-        """Record a meter reading of the whole row."""
+    def ingest_meter(self, meter: Meter, now_s: float) -> bool:
+        """Record a meter reading of the whole row; True: it crossed (``arm``)."""
         self.meter_w = meter.power_w
         self.meter_received_s = now_s
+        return self._crossed(meter.power_w)
 
     def rollup(
         self, now_s: float, *, stale_after_s: float, meter_min_fraction: float = 0.9
@@ -163,7 +193,9 @@ class RowTracker:
         """The row now; also appends the row power to the trend history."""
         racks: dict[str, list[tuple[NodeView, NodeHealth]]] = {r.name: [] for r in self.spec.racks}
         for view in self.nodes.values():
-            racks[view.rack].append((view, view.health(now_s, stale_after_s)))
+            health = view.health(now_s, stale_after_s)
+            view.counted_w = view.power_w(health)
+            racks[view.rack].append((view, health))
         rack_rollups = []
         fresh: list[str] = []
         stale: list[str] = []
@@ -193,6 +225,7 @@ class RowTracker:
                 )
             )
         computed = sum(r.power_w for r in rack_rollups)
+        self.estimate_w = computed
         measured = None
         rejected = None
         if (

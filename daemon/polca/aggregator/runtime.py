@@ -7,11 +7,11 @@ module only moves data between them, the clocks, the bus and the sinks.
 Start-up: note the run in the exit record -> load the policy (fatal if invalid) -> make
 the bus (retained status with a Last Will; the owned rows' topics only) -> systemd
 READY=1 -> loops. Connections: ``mqtt`` (the bus; outlives the loops so the final status
-goes out) and ``sinks`` (batched writes). Loops (under ``aiokit.guard``): ``intake`` (one
-message at a time; ``Intake.handle`` never raises), ``control`` (every interval, or at
-once on an urgent CDU reading: one step, its messages, its points), and
-``polca.service``'s side tasks (policy watcher, SIGHUP: an invalid edit is reported and
-never published; the watchdog).
+goes out; it hands each received message to ``handle_message`` on arrival, which never
+raises) and ``sinks`` (batched writes). Loops (under ``aiokit.guard``): ``control``
+(every interval, or at once on an urgent reading: a row over its next threshold, a CDU
+points), and ``polca.service``'s side tasks (policy watcher, SIGHUP: an invalid edit is
+reported and never published; the watchdog).
 """
 
 from __future__ import annotations
@@ -25,10 +25,18 @@ import structlog
 from polca import aiokit, service
 from polca.aggregator import messages, points
 from polca.aggregator.config import AggregatorSettings
-from polca.aggregator.intake import Accepted, EventIn, Intake, RetainedControl, TelemetryIn
+from polca.aggregator.intake import (
+    Accepted,
+    EventIn,
+    Intake,
+    RetainedControl,
+    TelemetryIn,
+    Urgent,
+)
 from polca.aggregator.step import RowControl, StepResult
 from polca.errors import PolicyError
 from polca.exits import ExitRecord
+from polca.export.schedule import WriteSchedule
 from polca.export.sink import FanOut, Sink
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
@@ -75,8 +83,9 @@ class Aggregator:
         self.reload_requested = asyncio.Event()
         self.gate = WatchdogGate()
         self.bus: Bus | None = None
-        self._control_wake = asyncio.Event()
-        self._gpu_written_s: dict[str, float] = {}  # node -> monotonic s (topology nodes only)
+        self.control_wake = asyncio.Event()
+        """Set when the control step should run now (an urgent reading), not at the interval."""
+        self.schedule = WriteSchedule(settings.influx.write_every_s)
         self.reloader = service.PolicyReloader(
             store=self.policy_store,
             notifier=self.notifier,
@@ -109,10 +118,12 @@ class Aggregator:
             self.start(self.mono_ns() / 1e9)
             assert self.bus is not None  # noqa: S101 - made by start()
             self.notifier.ready(self._status_line())
+            # Each received message is handled on arrival (``handle_message`` never raises):
+            # no inbox to wait in, no task switch per message.
+            self.bus.set_handler(self.handle_message)
             await service.supervise(
                 connections={"mqtt": self.bus.run(), "sinks": self.sinks.run()},
                 loops={
-                    "intake": self._intake(),
                     "control": self._control_loop(),
                     **service.side_tasks(
                         policy_file=self.settings.policy_file,
@@ -226,11 +237,6 @@ class Aggregator:
 
     # ------------------------------------------------------------------ intake
 
-    async def _intake(self) -> None:
-        assert self.bus is not None  # noqa: S101 - set before the loops start
-        while True:
-            self.handle_message(await self.bus.get())
-
     def handle_message(self, message: InMessage) -> None:
         """Take one received message; what the intake accepted goes on. Never raises."""
         now_s = (message.received_mono_ns or self.mono_ns()) / 1e9
@@ -245,13 +251,12 @@ class Aggregator:
     def _route(self, accepted: Accepted) -> None:
         site = self.settings.site
         if isinstance(accepted, TelemetryIn):
+            if accepted.urgent:
+                self.control_wake.set()  # over the next threshold: escalate now
             if not self.sinks:
                 return
-            now = self.mono_ns() / 1e9
-            last = self._gpu_written_s.get(accepted.node)
-            if last is not None and now - last < self.settings.influx.gpu_every_s:
-                return  # per-GPU series are downsampled; node/rack/row series are not
-            self._gpu_written_s[accepted.node] = now
+            if not self.schedule.due("gpu", accepted.node, self.mono_ns() / 1e9):
+                return  # per-GPU series are thinned to their write interval
             t = accepted.telemetry
             self.sinks.write(points.gpu_points(t, site=site, row=accepted.row, rack=accepted.rack))
         elif isinstance(accepted, EventIn):
@@ -260,10 +265,12 @@ class Aggregator:
                     accepted.event, site=site, row=accepted.row, rack=accepted.rack
                 )
                 self.sinks.write([point])
+        elif isinstance(accepted, Urgent):
+            self.control_wake.set()  # the row meter crossed the next threshold
         elif isinstance(accepted, RetainedControl):
             self.rows.seed(accepted.control, top_level=self.policy.policy.top_level)
         elif self.rows.observe_cdu(accepted.cdu, accepted.received_s):
-            self._control_wake.set()  # cooling emergencies do not wait for the interval
+            self.control_wake.set()  # cooling emergencies do not wait for the interval
 
     # ------------------------------------------------------------------ control
 
@@ -272,8 +279,8 @@ class Aggregator:
         interval = self.settings.control.interval_s
         next_t = loop.time() + interval
         while True:
-            woken = await aiokit.wait_first(self._control_wake, max(0.0, next_t - loop.time()))
-            self._control_wake.clear()
+            woken = await aiokit.wait_first(self.control_wake, max(0.0, next_t - loop.time()))
+            self.control_wake.clear()
             if not woken:
                 next_t = max(next_t + interval, loop.time())
             self.control_step(self.mono_ns() / 1e9)
@@ -305,6 +312,9 @@ class Aggregator:
                     ts_ns=result.now_ns,
                 )
             )
+            # One decision per measurement and step: a step writes all its series or none.
+            due = {m: self.schedule.due(m, "", now_s) for m in {p.measurement for p in out}}
+            out = [p for p in out if due[p.measurement]]
             self.sinks.write(out)
         return result
 

@@ -16,6 +16,7 @@ the retained control of a previous run (clamped into the policy's levels) before
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -264,6 +265,11 @@ class RowControl:
             thermal,
             {rack: d.level for rack, d in rack_decisions.items()},
         )
+        # Between steps, the first reading that takes the row over the next threshold
+        # wakes the next step (event-driven escalation; see RowTracker.arm).
+        ladder_level = self.controllers[(row.name, None)].ladder.level
+        thresholds_w = decision.thresholds_w
+        tracker.arm(thresholds_w[ladder_level] if ladder_level < len(thresholds_w) else math.inf)
         nodes = []
         for view in tracker.nodes.values():
             health = view.health(now_s, ctl.stale_after_s)

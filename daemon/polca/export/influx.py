@@ -55,7 +55,7 @@ from polca.export.spool import Spool
 from polca.export.transport import PRECISION, Transport, V1Transport, V2Transport, redacted
 
 if TYPE_CHECKING:
-    from polca.export.points import Point
+    from polca.export.points import AnyPoint
     from polca.settings import InfluxSettings
 
 _T = TypeVar("_T")
@@ -168,7 +168,7 @@ class InfluxSink:
 
     # -- the caller's side ----------------------------------------------------------------
 
-    def write(self, points: Sequence[Point]) -> None:
+    def write(self, points: Sequence[AnyPoint]) -> None:
         """Queue points (as line protocol) for the next batch; never blocks or raises."""
         if self._closing:
             self._drop("closed", len(points))

@@ -27,8 +27,8 @@ import dataclasses
 import functools
 import math
 import re
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Iterable, Mapping
+from typing import Final, NamedTuple
 
 FieldValue = float | int | bool | str
 FieldType = type[float] | type[int] | type[str]
@@ -95,8 +95,7 @@ class Point:
         starting with ``#`` (a comment), an integer outside int64, a time outside
         InfluxDB's range.
         """
-        # The hot path: most names and tag values were seen before.
-        cached, cached_field = _KEYS.get, _FIELD_KEYS.get
+        cached_field = _FIELD_KEYS.get
         field_parts: list[str] = []
         for key, value in self.fields.items():
             text = _field_text(value)
@@ -104,26 +103,35 @@ class Point:
                 field_parts.append(f"{cached_field(key) or _escape_field_key(key)}={text}")
         if not field_parts:
             return ""
-        measurement = _escape_measurement(self.measurement)
-        if not measurement or measurement.startswith("#"):
-            msg = f"measurement {self.measurement!r} cannot start a line of line protocol"
-            raise ValueError(msg)
-        head = [measurement]
-        tag_keys: set[str] = set()
-        tags = self.tags
-        for key in sorted(tags):
-            value = tags[key]
-            if value and key:
-                escaped = cached(key) or _escape_key(key)
-                if escaped not in tag_keys:
-                    tag_keys.add(escaped)
-                    head.append(f"{escaped}={cached(value) or _escape_key(value)}")
-        divisor = _PRECISION_DIVISOR[precision]
-        ts = self.ts_ns // divisor
-        if not _TIME_MIN_NS <= ts * divisor <= _TIME_MAX_NS:
-            msg = f"time {self.ts_ns} ns is outside what InfluxDB stores"
-            raise ValueError(msg)
-        return f"{','.join(head)} {','.join(field_parts)} {ts}"
+        head = _head(self.measurement, self.tags.items())
+        return f"{head} {','.join(field_parts)} {_timestamp(self.ts_ns, precision)}"
+
+
+def _head(measurement: str, tags: Iterable[tuple[str, str]]) -> str:
+    """The escaped measurement and tags of a line (tags sorted, empty ones left out)."""
+    escaped_measurement = _escape_measurement(measurement)
+    if not escaped_measurement or escaped_measurement.startswith("#"):
+        msg = f"measurement {measurement!r} cannot start a line of line protocol"
+        raise ValueError(msg)
+    cached = _KEYS.get  # the hot path: most names and tag values were seen before
+    head = [escaped_measurement]
+    tag_keys: set[str] = set()
+    for key, value in sorted(tags):
+        if value and key:
+            escaped = cached(key) or _escape_key(key)
+            if escaped not in tag_keys:
+                tag_keys.add(escaped)
+                head.append(f"{escaped}={cached(value) or _escape_key(value)}")
+    return ",".join(head)
+
+
+def _timestamp(ts_ns: int, precision: str) -> int:
+    divisor = _PRECISION_DIVISOR[precision]
+    ts = ts_ns // divisor
+    if not _TIME_MIN_NS <= ts * divisor <= _TIME_MAX_NS:
+        msg = f"time {ts_ns} ns is outside what InfluxDB stores"
+        raise ValueError(msg)
+    return ts
 
 
 def _utf8(text: str) -> str:
@@ -412,3 +420,169 @@ def make_point(
         if value is not None:
             coerced[name] = kind(value)
     return Point(measurement, dict(tags), coerced, ts_ns)
+
+
+class LineTemplate:
+    """The line-protocol template of one numeric measurement: fixed tag keys and fields.
+
+    Why: per-GPU points are most of what a site writes (8 per node message), and building
+    a ``Point`` (two dicts) and encoding it field by field costs several times more than
+    filling a template. A template escapes each series' measurement and tags once (``head``,
+    cached per tag-value tuple, bounded) and writes the fields present with one format
+    string per pattern of missing fields. The fields are checked against ``SCHEMA`` when
+    the template is made; string fields are not supported (they need per-value escaping).
+
+    Values must be of their declared type (``float`` fields also take ``int``, never
+    ``bool``); ``None`` is left out, and a non-finite float or an out-of-range integer
+    takes the general path of ``Point`` (left out, or ``ValueError``), so a template writes
+    exactly what the equivalent ``Point`` would.
+    """
+
+    __slots__ = (
+        "_formats",
+        "_heads",
+        "_int_positions",
+        "_kinds",
+        "field_names",
+        "measurement",
+        "tag_keys",
+    )
+
+    def __init__(self, measurement: str, *, tag_keys: Iterable[str], fields: Iterable[str]) -> None:
+        schema = SCHEMA.get(measurement)
+        if schema is None:
+            msg = f"unknown measurement {measurement!r}; known: {sorted(SCHEMA)}"
+            raise ValueError(msg)
+        self.measurement = measurement
+        self.tag_keys = tuple(tag_keys)
+        self.field_names = tuple(fields)
+        unknown = set(self.tag_keys) - set(schema.tags)
+        if unknown or len(set(self.tag_keys)) != len(self.tag_keys):
+            msg = f"measurement {measurement!r}: tags {self.tag_keys} (unknown: {sorted(unknown)})"
+            raise ValueError(msg)
+        kinds: list[FieldType] = []
+        for name in self.field_names:
+            kind = schema.field_type(name)
+            if kind not in (float, int):
+                msg = f"measurement {measurement!r}: {name!r} is not a numeric field"
+                raise ValueError(msg)
+            kinds.append(kind)
+        self._kinds = tuple(kinds)
+        self._int_positions = tuple(i for i, k in enumerate(kinds) if k is int)
+        self._heads: dict[tuple[str, ...], str] = {}
+        self._formats: dict[tuple[int, ...], str] = {}
+
+    def point(
+        self, tag_values: tuple[str, ...], values: tuple[float | int | None, ...], ts_ns: int
+    ) -> SeriesPoint:
+        """A point of this template (``tag_values`` in ``tag_keys`` order)."""
+        return SeriesPoint(self, tag_values, values, ts_ns)
+
+    def head(self, tag_values: tuple[str, ...]) -> str:
+        """The escaped measurement and tags of one series (cached, bounded)."""
+        head = self._heads.get(tag_values)
+        if head is None:
+            head = _head(self.measurement, zip(self.tag_keys, tag_values, strict=True))
+            if len(self._heads) >= _CACHE_MAX:
+                self._heads.clear()
+            self._heads[tag_values] = head
+        return head
+
+    def fields_text(self, values: tuple[float | int | None, ...]) -> str:
+        """The field set of one line ("" when no field can be written)."""
+        # The hot path, so in few C-level steps: which fields are missing (usually none or
+        # one), their format string, a sum to tell that every value is finite.
+        try:
+            at = values.index(None)
+        except ValueError:
+            gaps: tuple[int, ...] = ()
+            kept = values
+        else:
+            kept = values[:at] + values[at + 1 :]
+            if None in kept:
+                gaps = tuple(i for i, v in enumerate(values) if v is None)
+                kept = tuple(v for v in values if v is not None)
+            else:
+                gaps = (at,)
+        text = self._formats.get(gaps)
+        if text is None:
+            text = self._format_for(gaps)
+        try:
+            total: float = sum(kept)  # type: ignore[arg-type]
+        except TypeError:
+            total = math.inf
+        if total - total == 0.0 and self._ints_fit(values):  # finite (or the general path)
+            return text % kept
+        parts = []  # the general path, as Point.to_line writes it
+        for name, kind, value in zip(self.field_names, self._kinds, values, strict=True):
+            if value is not None:
+                field = _field_text(kind(value))
+                if field is not None:
+                    parts.append(f"{_FIELD_KEYS.get(name) or _escape_field_key(name)}={field}")
+        return ",".join(parts)
+
+    def _ints_fit(self, values: tuple[float | int | None, ...]) -> bool:
+        for i in self._int_positions:
+            value = values[i]
+            if value is not None and not _INT_MIN <= value <= _INT_MAX:
+                return False
+        return True
+
+    def _format_for(self, gaps: tuple[int, ...]) -> str:
+        parts = [
+            f"{_escape_field_key(name).replace('%', '%%')}=%{'d' if kind is int else 'r'}"
+            + ("i" if kind is int else "")
+            for i, (name, kind) in enumerate(zip(self.field_names, self._kinds, strict=True))
+            if i not in gaps
+        ]
+        text = ",".join(parts)
+        if len(self._formats) < 4096:  # one per pattern of missing fields; few occur
+            self._formats[gaps] = text
+        return text
+
+
+class SeriesPoint(NamedTuple):
+    """A point made from a ``LineTemplate``: tag values and field values as tuples.
+
+    Encodes as the equivalent ``Point`` would (``to_line``); ``tags`` and ``fields`` show
+    it as one, for readers such as ``MemorySink`` and the tests (built on each access).
+    A named tuple: made once per GPU per message, it must be cheap to make.
+    """
+
+    template: LineTemplate
+    tag_values: tuple[str, ...]
+    values: tuple[float | int | None, ...]
+    ts_ns: int
+
+    @property
+    def measurement(self) -> str:
+        """The template's measurement."""
+        return self.template.measurement
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """Tag key -> value."""
+        return dict(zip(self.template.tag_keys, self.tag_values, strict=True))
+
+    @property
+    def fields(self) -> dict[str, FieldValue]:
+        """Field name -> value, each of its declared type; missing ones left out."""
+        t = self.template
+        return {
+            name: kind(value)
+            for name, kind, value in zip(t.field_names, t._kinds, self.values, strict=True)
+            if value is not None
+        }
+
+    def to_line(self, precision: str = "ms") -> str:
+        """One line of line protocol, as ``Point.to_line`` (same errors)."""
+        template = self.template
+        fields = template.fields_text(self.values)
+        if not fields:
+            return ""
+        head = template._heads.get(self.tag_values) or template.head(self.tag_values)
+        return f"{head} {fields} {_timestamp(self.ts_ns, precision)}"
+
+
+AnyPoint = Point | SeriesPoint
+"""What a sink takes: a general point or a templated one."""

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
-from polca.export.points import Point
+from polca.export.points import AnyPoint
 
 __all__ = ["FanOut", "MemorySink", "Sink", "SinkStats"]
 
@@ -50,7 +50,7 @@ class SinkStats:
 class Sink(Protocol):
     """Where the aggregator's points go; the seam between its loops and the database."""
 
-    def write(self, points: Sequence[Point]) -> None:
+    def write(self, points: Sequence[AnyPoint]) -> None:
         """Queue points for writing; never blocks, never raises."""
         ...
 
@@ -72,14 +72,14 @@ class MemorySink:
     """A sink that keeps points in a list: for tests and simulations without a database."""
 
     def __init__(self, *, max_points: int | None = None) -> None:
-        self.points: list[Point] = []
+        self.points: list[AnyPoint] = []
         """Every point written and not dropped, in order."""
         self._max_points = max_points
         self._dropped: dict[str, int] = {}
         self._written = 0
         self._closed = asyncio.Event()
 
-    def write(self, points: Sequence[Point]) -> None:
+    def write(self, points: Sequence[AnyPoint]) -> None:
         """Record the points (dropped and counted once the sink is closed)."""
         if self._closed.is_set():
             self._dropped["closed"] = self._dropped.get("closed", 0) + len(points)
@@ -91,7 +91,7 @@ class MemorySink:
             del self.points[:excess]
             self._dropped["memory_full"] = self._dropped.get("memory_full", 0) + excess
 
-    def measurement(self, name: str) -> list[Point]:
+    def measurement(self, name: str) -> list[AnyPoint]:
         """The recorded points of one measurement."""
         return [p for p in self.points if p.measurement == name]
 
@@ -125,7 +125,7 @@ class FanOut:
         """Whether there is any sink at all (builders can skip work when not)."""
         return bool(self.sinks)
 
-    def write(self, points: Sequence[Point]) -> None:
+    def write(self, points: Sequence[AnyPoint]) -> None:
         """Give ``points`` to every sink."""
         for sink in self.sinks:
             sink.write(points)

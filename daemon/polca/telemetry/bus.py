@@ -147,6 +147,14 @@ class Bus(Protocol):
         """The next received message."""
         ...
 
+    def set_handler(self, handler: Callable[[InMessage], None] | None) -> None:
+        """Hand each received message to ``handler`` on arrival instead of the inbox.
+
+        For a consumer that handles one message at a time and never raises (the
+        aggregator's intake): no queue, no task switch per message. None: the inbox again.
+        """
+        ...
+
     def publish_nowait(self, msg: OutMessage) -> None:
         """Queue ``msg`` without waiting."""
         ...
@@ -234,6 +242,8 @@ class MqttBus:
         self._idle.set()
         self._in_flight = 0
         self._inbox: asyncio.Queue[InMessage] = asyncio.Queue(maxsize=settings.inbox_size)
+        self._handler: Callable[[InMessage], None] | None = None
+        self._handler_errors = 0
         self._stop = asyncio.Event()  # close() asks run() to disconnect and return
         self._stopped = asyncio.Event()  # run() has returned
         self._running = False
@@ -272,6 +282,10 @@ class MqttBus:
     async def get(self) -> InMessage:
         """The next received message (waits for one)."""
         return await self._inbox.get()
+
+    def set_handler(self, handler: Callable[[InMessage], None] | None) -> None:
+        """Hand each received message to ``handler`` on arrival instead of the inbox."""
+        self._handler = handler
 
     def publish_nowait(self, msg: OutMessage) -> None:
         """Queue ``msg`` for the broker; when the outbox is full, drop the oldest (counted).
@@ -404,6 +418,7 @@ class MqttBus:
             keepalive=settings.keepalive_s,
             timeout=settings.connect_timeout_s,
             tls_context=tls_context,
+            queue_type=_forwarding_queue(self._take),
         )
 
     async def _session(self, client: aiomqtt.Client) -> None:
@@ -489,17 +504,26 @@ class MqttBus:
             _raise_if_cancelling()
 
     async def _receive(self, client: aiomqtt.Client) -> None:
-        """Move received messages into the bounded inbox; ends with MqttError on disconnect."""
-        async for message in client.messages:
-            self._deliver(
-                InMessage(
-                    topic=message.topic.value,
-                    payload=bytes(message.payload),
-                    retain=bool(message.retain),
-                    received_ns=self._clock_ns(),
-                    received_mono_ns=self._mono_ns(),
-                )
+        """Wait for the connection to end (MqttError); messages arrive by ``_take``.
+
+        The client's queue forwards every message to ``_take`` as paho hands it over (see
+        ``_new_client``), so no message waits in a second queue or costs a task of its own;
+        the iterator here only waits for the disconnection, which it raises.
+        """
+        async for _ in client.messages:
+            pass  # never: the forwarding queue keeps nothing
+
+    def _take(self, message: aiomqtt.Message) -> None:
+        """One message from the client, stamped on arrival, into the bounded inbox."""
+        self._deliver(
+            InMessage(
+                topic=message.topic.value,
+                payload=message.payload,  # received payloads are bytes (paho's own)
+                retain=bool(message.retain),
+                received_ns=self._clock_ns(),
+                received_mono_ns=self._mono_ns(),
             )
+        )
 
     async def _farewell(self, client: aiomqtt.Client) -> None:
         """On cancellation: publish the will ourselves, since DISCONNECT suppresses it."""
@@ -558,6 +582,14 @@ class MqttBus:
             self._idle.clear()
 
     def _deliver(self, message: InMessage) -> None:
+        handler = self._handler
+        if handler is not None:
+            try:
+                handler(message)
+            except Exception:  # the handler must not raise; if it does, the bus stays up
+                self._handler_errors += 1
+                self._log.exception("mqtt_handler_failed", topic=message.topic[:200])
+            return
         if self._inbox.full():
             self._inbox.get_nowait()
             self._inbox_dropped += 1
@@ -565,6 +597,23 @@ class MqttBus:
                 "mqtt_inbox_dropped", topic=message.topic, inbox_dropped=self._inbox_dropped
             )
         self._inbox.put_nowait(message)
+
+
+def _forwarding_queue(
+    take: Callable[[aiomqtt.Message], None],
+) -> type[asyncio.Queue[aiomqtt.Message]]:
+    """A queue class for aiomqtt whose ``put_nowait`` hands each message to ``take``.
+
+    aiomqtt's documented ``queue_type`` seam: received messages go straight into the bus's
+    bounded inbox instead of waiting in the client's queue for an iterator that spends a
+    task and an ``asyncio.wait`` on each one.
+    """
+
+    class _Forward(asyncio.Queue[aiomqtt.Message]):
+        def put_nowait(self, item: aiomqtt.Message) -> None:
+            take(item)
+
+    return _Forward
 
 
 def _raise_if_cancelling() -> None:

@@ -117,6 +117,7 @@ class MemoryBus:
         self._clock_ns = clock_ns
         self._mono_ns = mono_ns
         self.inbox: deque[InMessage] = deque()
+        self._handler: Callable[[InMessage], None] | None = None
         self._inbox_size = inbox_size
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -140,6 +141,10 @@ class MemoryBus:
         """Connect and stay connected until ``close()`` (or ``drop()``)."""
         self.connect()
         await self._stop.wait()
+
+    def set_handler(self, handler: Callable[[InMessage], None] | None) -> None:
+        """Hand each received message to ``handler`` on arrival instead of the inbox."""
+        self._handler = handler
 
     async def get(self) -> InMessage:
         """The next received message (waits for one)."""
@@ -198,11 +203,14 @@ class MemoryBus:
         return any(topic_matches(f, topic) for f in self.filters)
 
     def deliver(self, msg: OutMessage, *, retain: bool) -> None:
-        """Put one message into the bounded inbox, stamped by this client's clocks."""
+        """Put one message into the bounded inbox (or to the handler), stamped by this
+        client's clocks."""
+        message = InMessage(msg.topic, msg.payload, retain, self._clock_ns(), self._mono_ns())
+        if self._handler is not None:
+            self._handler(message)
+            return
         if len(self.inbox) >= self._inbox_size:
             self.inbox.popleft()
             self._inbox_dropped += 1
-        self.inbox.append(
-            InMessage(msg.topic, msg.payload, retain, self._clock_ns(), self._mono_ns())
-        )
+        self.inbox.append(message)
         self._ready.set()

@@ -35,6 +35,11 @@ def _check_segment(kind: str, value: str) -> str:
     return value
 
 
+_PARSED: dict[tuple[str, str], tuple[NodeAddress, NodeChannel] | None] = {}
+_PARSED_MAX = 16_384
+_MISS = object()
+
+
 @dataclass(frozen=True, slots=True)
 class NodeAddress:
     """Where one node sits: site, row (power domain), rack, node."""
@@ -100,7 +105,23 @@ class Topics:
         return f"{self.root}/{site}/{row}/+/+/{channel}"
 
     def parse_node(self, topic: str) -> tuple[NodeAddress, NodeChannel] | None:
-        """Split a node topic into its address and channel; None if it is not one."""
+        """Split a node topic into its address and channel; None if it is not one.
+
+        Results are cached (the same few thousand topics arrive every second), in a map
+        bounded at ``_PARSED_MAX`` entries that is emptied when full: topics come from the
+        network, and a publisher inventing new ones must not grow memory.
+        """
+        cache = _PARSED
+        hit = cache.get((self.root, topic), _MISS)
+        if hit is not _MISS:
+            return hit  # type: ignore[return-value]
+        parsed = self._parse_node(topic)
+        if len(cache) >= _PARSED_MAX:
+            cache.clear()
+        cache[(self.root, topic)] = parsed
+        return parsed
+
+    def _parse_node(self, topic: str) -> tuple[NodeAddress, NodeChannel] | None:
         prefix = self.root + "/"
         if not topic.startswith(prefix):
             return None

@@ -1,0 +1,63 @@
+"""How often each measurement is written: per-measurement write intervals (pure).
+
+Why: a large site chooses its database load. Per-GPU series are most of the points (8 per
+node message); written every 10 s instead of every second they cost a tenth, while the
+node, rack and row series that dashboards and alerts watch stay at 1 s. Intervals run on
+the local monotonic clock, passed in. A series is due when its interval has elapsed since
+it was last written, less a slack of a tenth of the interval (telemetry arriving every
+1.0 s ± jitter keeps a 10 s series at 10 s, not 11 s). A thinned series keeps the readings
+of the moment it is written (a sample, not a mean over the interval): counters such as
+``energy_j`` stay exact, while ``energy_delta_j`` then covers only its own interval.
+
+Only state-like measurements can be thinned (``THINNABLE``); control decisions, events and
+cooling alarms are always written.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from typing import Final
+
+from polca.settings import Thinnable
+
+THINNABLE: Final[tuple[str, ...]] = typing.get_args(Thinnable)
+SLACK_FRACTION: Final = 0.1
+"""A series is due this fraction of its interval early (arrival jitter)."""
+
+
+class WriteSchedule:
+    """Which series are due, per measurement interval; bounded in series remembered."""
+
+    def __init__(
+        self, every_s: Mapping[Thinnable, float] | Mapping[str, float], *, max_series: int = 1 << 16
+    ) -> None:
+        unknown = set(every_s) - set(THINNABLE)
+        if unknown:
+            msg = f"write intervals for {sorted(unknown)}: only {THINNABLE} can be thinned"
+            raise ValueError(msg)
+        bad = {name: s for name, s in every_s.items() if not 0 < s < float("inf")}
+        if bad:
+            msg = f"write intervals must be positive and finite: {bad}"
+            raise ValueError(msg)
+        self._due_after_s = {name: s * (1 - SLACK_FRACTION) for name, s in every_s.items()}
+        self._max_series = max_series
+        self._written_s: dict[tuple[str, str], float] = {}
+
+    def due(self, measurement: str, series: str, now_s: float) -> bool:
+        """True (and the series marked written now) when ``series`` is to be written now.
+
+        ``series`` names what is written together: a node for its GPUs' points, "" for
+        all the points of a measurement that one control step writes.
+        """
+        after_s = self._due_after_s.get(measurement)
+        if after_s is None:
+            return True
+        key = (measurement, series)
+        last = self._written_s.get(key)
+        if last is not None and now_s - last < after_s:
+            return False
+        if last is None and len(self._written_s) >= self._max_series:
+            self._written_s.clear()  # bounded; forgetting only writes a point early
+        self._written_s[key] = now_s
+        return True
