@@ -69,6 +69,11 @@ class ServiceProcess:
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int | None:
+        """The process id while started (benchmarks read its CPU and memory)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def running(self) -> bool:
         """Whether the process is alive."""
         return self._process is not None and self._process.poll() is None

@@ -12,8 +12,9 @@ grace (nominal until the first control message) applies only after a clean, rest
 
 Tasks (all under ``aiokit.guard``): ``mqtt`` (the bus; outlives the rest so the final
 status goes out), ``sampler`` (10 Hz), ``controller`` (woken by each tick, accepted control
-message and policy change), ``publisher`` (telemetry), ``listener`` (one message at a time
-through ``core.receive``, which never raises), and ``polca.service``'s side tasks.
+message and policy change), ``publisher`` (telemetry), and ``polca.service``'s side
+tasks. The bus hands each received message to ``handle_message`` on arrival (through
+``core.receive``, which never raises).
 
 Shutdown order: stop the loops -> leave the GPUs as the end requires (``gpus.stop``:
 ``on_stop`` after a clean stop, the fail-safe after any other end; shielded, bounded) ->
@@ -162,6 +163,9 @@ class Agent:
         assert self.bus is not None  # noqa: S101 - made by start()
         self.notifier.ready(self._status_line())
         a = self.settings.agent
+        # Each received message is handled on arrival (``handle_message`` never raises): a
+        # control message reaches the controller without waiting in a queue for a task.
+        self.bus.set_handler(self.handle_message)
         await service.supervise(
             connections={"mqtt": self.bus.run()},
             loops={
@@ -172,7 +176,6 @@ class Agent:
                     self._publish_telemetry_once,
                     first_after_s=a.publish_interval_s,
                 ),
-                "listener": self._listener(),
                 **service.side_tasks(
                     policy_file=a.policy_file,
                     debounce_s=a.policy_reload_debounce_s,
@@ -191,6 +194,8 @@ class Agent:
     async def _shutdown(self, *, clean: bool) -> None:
         """Leave the GPUs as the stop requires, publish the final state and status; bounded."""
         self.notifier.stopping()
+        if self.bus is not None:
+            self.bus.set_handler(None)  # stopping: no message starts another control step
         reason = await self.gpus.stop(
             self.core,
             clean=clean,
@@ -285,11 +290,6 @@ class Agent:
         )
         self._publish(out)
         return message
-
-    async def _listener(self) -> None:
-        assert self.bus is not None  # noqa: S101 - set before the loops start
-        while True:
-            self.handle_message(await self.bus.get())
 
     def handle_message(self, message: InMessage) -> None:
         """Act on one received message; count and drop a bad one. Never raises."""

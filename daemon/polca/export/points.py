@@ -488,45 +488,62 @@ class LineTemplate:
             self._heads[tag_values] = head
         return head
 
-    def fields_text(self, values: tuple[float | int | None, ...]) -> str:
-        """The field set of one line ("" when no field can be written)."""
-        # The hot path, so in few C-level steps: which fields are missing (usually none or
-        # one), their format string, a sum to tell that every value is finite.
+    def line(
+        self,
+        tag_values: tuple[str, ...],
+        values: tuple[float | int | None, ...],
+        ts_ns: int,
+        precision: str = "ms",
+    ) -> str:
+        """One line of line protocol ("" when no field can be written); as ``Point.to_line``.
+
+        The hot path of the sink, so in few steps, most of them in C: which fields are
+        missing (usually none or one), their format string, a sum to tell that every value
+        is finite, one ``%`` for the fields; anything unusual takes the general path.
+        """
         try:
             at = values.index(None)
         except ValueError:
             gaps: tuple[int, ...] = ()
             kept = values
         else:
+            gaps = (at,)
             kept = values[:at] + values[at + 1 :]
-            if None in kept:
-                gaps = tuple(i for i, v in enumerate(values) if v is None)
-                kept = tuple(v for v in values if v is not None)
-            else:
-                gaps = (at,)
-        text = self._formats.get(gaps)
-        if text is None:
-            text = self._format_for(gaps)
         try:
             total: float = sum(kept)  # type: ignore[arg-type]
-        except TypeError:
-            total = math.inf
-        if total - total == 0.0 and self._ints_fit(values):  # finite (or the general path)
-            return text % kept
-        parts = []  # the general path, as Point.to_line writes it
+        except TypeError:  # a second missing field (or a value that is no number)
+            gaps = tuple(i for i, v in enumerate(values) if v is None)
+            kept = tuple(v for v in values if v is not None)
+            try:
+                total = sum(kept)  # type: ignore[arg-type]
+            except TypeError:
+                total = math.inf
+        text = self._formats.get(gaps) or self._format_for(gaps)
+        fits = total - total == 0.0  # every value finite
+        for i in self._int_positions:  # and every integer within int64
+            value = values[i]
+            if value is not None and not _INT_MIN <= value <= _INT_MAX:
+                fits = False
+        fields = text % kept if fits else self._general_fields(values)
+        if not fields:
+            return ""
+        head = self._heads.get(tag_values) or self.head(tag_values)
+        divisor = _PRECISION_DIVISOR[precision]
+        ts = ts_ns // divisor
+        if not _TIME_MIN_NS <= ts * divisor <= _TIME_MAX_NS:
+            msg = f"time {ts_ns} ns is outside what InfluxDB stores"
+            raise ValueError(msg)
+        return f"{head} {fields} {ts}"
+
+    def _general_fields(self, values: tuple[float | int | None, ...]) -> str:
+        """The field set as ``Point.to_line`` writes it, value by value."""
+        parts = []
         for name, kind, value in zip(self.field_names, self._kinds, values, strict=True):
             if value is not None:
                 field = _field_text(kind(value))
                 if field is not None:
                     parts.append(f"{_FIELD_KEYS.get(name) or _escape_field_key(name)}={field}")
         return ",".join(parts)
-
-    def _ints_fit(self, values: tuple[float | int | None, ...]) -> bool:
-        for i in self._int_positions:
-            value = values[i]
-            if value is not None and not _INT_MIN <= value <= _INT_MAX:
-                return False
-        return True
 
     def _format_for(self, gaps: tuple[int, ...]) -> str:
         parts = [
@@ -576,12 +593,8 @@ class SeriesPoint(NamedTuple):
 
     def to_line(self, precision: str = "ms") -> str:
         """One line of line protocol, as ``Point.to_line`` (same errors)."""
-        template = self.template
-        fields = template.fields_text(self.values)
-        if not fields:
-            return ""
-        head = template._heads.get(self.tag_values) or template.head(self.tag_values)
-        return f"{head} {fields} {_timestamp(self.ts_ns, precision)}"
+        template, tag_values, values, ts_ns = self
+        return template.line(tag_values, values, ts_ns, precision)
 
 
 AnyPoint = Point | SeriesPoint
