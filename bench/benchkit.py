@@ -177,7 +177,7 @@ def _floor(args: argparse.Namespace) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         times: list[float] = []
         async with aiomqtt.Client(args.host, args.port, identifier=f"floor-{os.getpid()}") as c:
-            for topic in args.topic:
+            for topic in args.topic or ["polca/v1/#"]:
                 await c.subscribe(topic, qos=args.qos)
             print(json.dumps({"ready": True}), flush=True)
 
@@ -491,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pub.add_argument("--rows", default="", help="row,row,...: the site's nodes instead")
     pub.add_argument("--exclude", default="", help="node,node,...: left to real agents")
     floor = sub.choices["floor"]
-    floor.add_argument("--topic", default="polca/v1/#")
+    floor.add_argument("--topic", action="append", help="repeatable; default polca/v1/#")
     floor.add_argument("--timeout-s", type=float, default=120.0)
     agg = sub.choices["aggregator"]
     agg.add_argument("--config", required=True)
