@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run polca's whole test suite on a fresh Debian machine:
 # system packages (as root, or through sudo), a virtual environment, then lint, types,
-# import contracts, generated-docs checks and the tests against a real Mosquitto.
+# import contracts, generated-docs checks and the tests against a real Mosquitto,
+# InfluxDB, VictoriaMetrics and etcd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,7 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 [ -x /usr/bin/influxd ] || need+=(influxdb)
 [ -x /usr/bin/victoria-metrics ] || need+=(victoria-metrics)
+[ -x /usr/bin/etcd ] || need+=(etcd-server)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

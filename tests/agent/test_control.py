@@ -28,6 +28,7 @@ def _control(
     epoch_ns: int = WALL0 - 60 * S,
     observe: bool = False,
     issuer: str = "agg",
+    term: int = 0,
 ) -> Control:
     return Control(
         ts_ns=issued_ns,
@@ -35,6 +36,7 @@ def _control(
         row=row,
         rack=rack,
         issuer=issuer,
+        term=term,
         epoch_ns=epoch_ns,
         seq=seq,
         level=level,
@@ -185,6 +187,60 @@ def test_lower_epoch_is_accepted_once_the_higher_lease_ran_out() -> None:
     restarted = _control(seq=1, epoch_ns=WALL0 - HOUR, level=3)
     assert _offer(tracker, restarted, mono=MONO0 + 5 * S) == "stale"
     assert _offer(tracker, restarted, mono=MONO0 + 10 * S) == "accepted"
+
+
+def test_a_higher_term_wins_whatever_its_epoch_and_sequence() -> None:
+    """A new leader (higher term) is followed at once, though it started earlier (lower
+    epoch) and counts from a lower sequence; the deposed leader is fenced from then on."""
+    tracker = _tracker()
+    assert _offer(tracker, _control(seq=900, term=7, issuer="a", epoch_ns=WALL0 - S)) == (
+        "accepted"
+    )
+    new = _control(seq=3, term=12, level=2, issuer="b", epoch_ns=WALL0 - HOUR)
+    assert _offer(tracker, new, mono=MONO0 + S) == "accepted"
+    assert tracker.term == 12
+    old = _control(seq=901, term=7, level=0, issuer="a", epoch_ns=WALL0 - S)
+    assert _offer(tracker, old, mono=MONO0 + 2 * S) == "fenced"
+    rack = _control(seq=902, term=7, level=0, issuer="a", scope="rack", rack="r1")
+    assert _offer(tracker, rack, mono=MONO0 + 2 * S) == "fenced"  # every scope of the node
+    lease = tracker.current(MONO0 + 3 * S)
+    assert lease is not None
+    assert (lease.control.issuer, lease.control.level) == ("b", 2)
+    assert _offer(tracker, _control(seq=4, term=12, level=1, issuer="b"), mono=MONO0 + 3 * S) == (
+        "accepted"
+    )
+
+
+def test_a_lower_term_is_followed_again_only_after_every_lease_lapsed() -> None:
+    """An etcd cluster rebuilt from scratch restarts its revisions: its leader's low term
+    is fenced while a higher term's lease runs, then followed, so no term locks it out."""
+    tracker = _tracker()
+    _offer(tracker, _control(seq=1, term=500, lease_s=10))
+    rebuilt = _control(seq=1, term=2, level=3, issuer="b")
+    assert _offer(tracker, rebuilt, mono=MONO0 + 5 * S) == "fenced"
+    assert _offer(tracker, rebuilt, mono=MONO0 + 10 * S) == "accepted"
+    assert tracker.term == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    offers=st.lists(
+        st.tuples(st.integers(0, 20), st.integers(0, 50), st.integers(0, 3)), max_size=30
+    )
+)
+def test_the_level_in_force_never_comes_from_a_fenced_term(
+    offers: list[tuple[int, int, int]],
+) -> None:
+    """Property: whatever order messages of several terms arrive in (all within one lease),
+    the lease in force is always from the highest term offered so far."""
+    tracker = _tracker()
+    highest = -1
+    for i, (term, seq, level) in enumerate(offers):
+        _offer(tracker, _control(seq=seq, term=term, level=level), mono=MONO0 + i)
+        highest = max(highest, term)
+        lease = tracker.current(MONO0 + i)
+        assert lease is not None
+        assert lease.control.term == highest
 
 
 def test_issuer_not_named_by_the_row_is_refused() -> None:

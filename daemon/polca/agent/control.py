@@ -20,6 +20,10 @@ A message is refused (and counted) when it is:
 
 - ``foreign``: for another row or rack;
 - ``issuer``: from an issuer the row does not name (``agent.control_issuers``);
+- ``fenced``: from a leadership ``term`` lower than the highest this node has accepted (a
+  deposed aggregator that still publishes: paused, partitioned); a lower term is accepted
+  again only once every lease of the higher one has run out (an etcd cluster rebuilt from
+  scratch restarts its revisions), so no term can lock the real controller out;
 - ``stale``: not newer, by ``(epoch_ns, seq)``, than the last one accepted for its scope;
   a *lower* epoch (a controller restarted after its clock stepped back) is accepted once
   the higher epoch's lease has run out, so no stamp can lock the real controller out;
@@ -47,10 +51,10 @@ from polca.telemetry.checks import ClockWindow
 from polca.telemetry.schema import Control
 
 Verdict = Literal[
-    "accepted", "observed", "stale", "expired", "foreign", "issuer", "future", "skewed"
+    "accepted", "observed", "stale", "expired", "foreign", "issuer", "future", "skewed", "fenced"
 ]
 REFUSED: frozenset[Verdict] = frozenset(
-    {"stale", "expired", "foreign", "issuer", "future", "skewed"}
+    {"stale", "expired", "foreign", "issuer", "future", "skewed", "fenced"}
 )
 MAX_PLAUSIBLE_SKEW_NS = 7 * 86_400 * 1_000_000_000
 """Beyond this, a live message's stamp is not a skewed clock but a forged or broken one."""
@@ -66,6 +70,7 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class _Order:
+    term: int
     epoch_ns: int
     seq: int
     expires_mono_ns: int
@@ -87,6 +92,8 @@ class ControlTracker:
     rejected: int = 0
     last_verdict: Verdict | None = None
     skew_ns: int | None = None  # receipt wall clock - issued_ns of the last live message
+    term: int = 0
+    """The highest leadership term accepted (0: no high availability)."""
     _order: dict[str, _Order] = field(default_factory=dict)
 
     def offer(
@@ -113,7 +120,8 @@ class ControlTracker:
         if not retained:
             self.skew_ns = received_wall_ns - control.issued_ns
         expires = received_mono_ns + remaining_ns
-        self._order[control.scope] = _Order(control.epoch_ns, control.seq, expires)
+        self._order[control.scope] = _Order(control.term, control.epoch_ns, control.seq, expires)
+        self.term = control.term  # the highest, or a lower one once the higher lapsed
         if verdict == "observed":
             return verdict
         lease = Lease(control, expires)
@@ -141,7 +149,13 @@ class ControlTracker:
             return "future", 0
         if not retained and abs(received_wall_ns - control.issued_ns) > MAX_PLAUSIBLE_SKEW_NS:
             return "skewed", 0
+        if control.term < self.term and any(
+            order.expires_mono_ns > received_mono_ns for order in self._order.values()
+        ):
+            return "fenced", 0
         last = self._order.get(control.scope)
+        if last is not None and control.term != last.term:
+            last = None  # a new leader (or, the higher term lapsed, a rebuilt etcd's)
         if last is not None and (control.epoch_ns, control.seq) <= (last.epoch_ns, last.seq):
             restarted = control.epoch_ns < last.epoch_ns
             if not (restarted and last.expires_mono_ns <= received_mono_ns):

@@ -397,7 +397,8 @@ class AgentCore:
             self.drops.drop(
                 f"control_{verdict}",
                 topic=message.topic,
-                detail=f"control from {control.issuer} seq {control.seq} level {control.level}",
+                detail=f"control from {control.issuer} term {control.term} seq {control.seq} "
+                f"level {control.level}",
             )
             self.log.debug(
                 "control_ignored",

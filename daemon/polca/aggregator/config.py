@@ -14,10 +14,10 @@ import socket
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from polca.cooling.loops import CoolingSettings
-from polca.settings import InfluxSettings, ProcessSettings
+from polca.settings import InfluxSettings, ProcessSettings, read_secret
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator"})
@@ -121,6 +121,72 @@ class ControlSettings(_Model):
     )
 
 
+class HaSettings(_Model):
+    """Active/standby aggregators for the same rows, elected on etcd (docs/ha.md)."""
+
+    etcd_endpoints: tuple[str, ...] = Field(
+        (),
+        description="etcd client URLs (http:// or https://); empty: no election, this "
+        "aggregator controls its rows alone.",
+    )
+    shard: str | None = Field(
+        None,
+        pattern=_NAME,
+        description="The shard's name: every instance configured for the same rows uses the "
+        "same one; default: the row names joined by '+'.",
+    )
+    peers: tuple[str, ...] = Field(
+        (),
+        description="The other instances of the shard: their control messages are tracked "
+        "(a standby stays warm), never reported as foreign.",
+    )
+    key_prefix: str = Field("polca/v1/leader", description="etcd key prefix of the election.")
+    lease_ttl_s: float = Field(
+        2.0,
+        ge=1,
+        le=30,
+        description="etcd lease of the leader: a dead leader is replaced this long after its "
+        "last keepalive (plus one campaign); must stay well inside control.lease_s.",
+    )
+    campaign_interval_s: float = Field(
+        0.25, gt=0, le=10, description="How often a standby tries to take the lead."
+    )
+    request_timeout_s: float = Field(
+        0.5, gt=0, le=10, description="Each etcd request's timeout (per endpoint)."
+    )
+    username: str | None = Field(None, description="etcd user (etcd authentication enabled).")
+    password: SecretStr | None = Field(
+        None,
+        description="etcd password. Only from POLCA_HA__PASSWORD, password_file or the "
+        "ha_password systemd credential; refused in the YAML file.",
+    )
+    password_file: Path | None = Field(None, description="File holding the etcd password.")
+    tls_ca_file: Path | None = Field(None, description="CA bundle to verify etcd with (https).")
+    tls_cert_file: Path | None = Field(None, description="Client certificate for etcd.")
+    tls_key_file: Path | None = Field(None, description="Client key for etcd.")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this aggregator campaigns (etcd endpoints are configured)."""
+        return bool(self.etcd_endpoints)
+
+    def secret(self) -> str | None:
+        """The etcd password: the setting, or the file / systemd credential."""
+        if self.password is not None:
+            return self.password.get_secret_value()
+        if self.username is None:
+            return None
+        return read_secret(self.password_file, "ha_password")
+
+    @model_validator(mode="after")
+    def _urls(self) -> Self:
+        for url in self.etcd_endpoints:
+            if not url.startswith(("http://", "https://")):
+                msg = f"etcd endpoint {url!r} must start with http:// or https://"
+                raise ValueError(msg)
+        return self
+
+
 class AggregatorSettings(ProcessSettings):
     """All settings of the aggregator."""
 
@@ -147,6 +213,15 @@ class AggregatorSettings(ProcessSettings):
         default_factory=CoolingSettings,
         description="Liquid-cooling loops (one per CDU) and the racks each serves.",
     )
+    ha: HaSettings = Field(
+        default_factory=HaSettings,
+        description="High availability: a leader per shard elected on etcd.",
+    )
+
+    @property
+    def shard(self) -> str:
+        """The election's shard name (``ha.shard``, or the owned rows joined by '+')."""
+        return self.ha.shard or "+".join(row.name for row in self.rows) or "none"
 
     @model_validator(mode="after")
     def _unique_names(self) -> Self:
@@ -175,4 +250,11 @@ class AggregatorSettings(ProcessSettings):
                     raise ValueError(msg)
                 seen[node.name] = where
         self.cooling.check_racks({row.name: [rack.name for rack in row.racks] for row in self.rows})
+        if self.ha.enabled and self.ha.lease_ttl_s * 2 > self.control.lease_s:
+            msg = (
+                f"ha.lease_ttl_s ({self.ha.lease_ttl_s:g} s) must be at most half of "
+                f"control.lease_s ({self.control.lease_s:g} s): a standby must lead before "
+                "the agents' leases end"
+            )
+            raise ValueError(msg)
         return self

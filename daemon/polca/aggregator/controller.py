@@ -65,6 +65,8 @@ class ScopeController:
     rack: str | None
     issuer: str
     epoch_ns: int
+    term: int = 0
+    """The leadership term stamped on every control message (0: no election)."""
     ladder: LadderState = field(default_factory=LadderState)
     seq: int = 0
     seeded_from: int | None = None
@@ -89,6 +91,19 @@ class ScopeController:
         self.published_level = level
         self.seq = max(self.seq, min(retained.seq, _MAX_SEEDED_SEQ))
         self.seeded_from = level
+
+    def follow(self, leader: Control, *, top_level: int) -> None:
+        """Track the level the shard's leader publishes (this instance a standby).
+
+        A takeover then resumes at the leader's last level, never a lower one: the ladder
+        takes the level (clamped) and starts its release dwell afresh.
+        """
+        if leader.row != self.row or (leader.rack or None) != self.rack:
+            return
+        level = max(0, min(leader.level, top_level))
+        self.ladder = LadderState(level=level, below_since_s=None)
+        self.published_level = level
+        self.seq = max(self.seq, min(leader.seq, _MAX_SEEDED_SEQ))
 
     def step(
         self,
@@ -144,6 +159,7 @@ class ScopeController:
             row=self.row,
             rack=self.rack,
             issuer=self.issuer,
+            term=self.term,
             epoch_ns=self.epoch_ns,
             seq=self.seq,
             level=level,
@@ -171,6 +187,7 @@ class ScopeController:
             "margin_pct": policy.release.margin_pct,
             "dwell_s": policy.release.dwell_s,
             "policy_revision": revision,
+            "term": self.term,
             "seq": self.seq,
             "observe": observe,
             "reason": reason,

@@ -7,8 +7,9 @@ flood the log). The reasons: ``oversized``, ``malformed`` (not JSON, the wrong s
 types), ``schema_version``, ``topology`` (a node, rack or row this aggregator does not
 own), ``identity`` (a payload naming another node, row, rack or CDU than its topic),
 ``stale`` (a reading delivered retained, so of unknown age), ``foreign_control`` (another
-issuer controls one of our rows), and ``internal`` (an unexpected error while handling
-one message: logged with its traceback; the intake carries on).
+issuer, not a peer of our shard, controls one of our rows), and ``internal`` (an
+unexpected error while handling one message: logged with its traceback; the intake
+carries on).
 
 Wall-clock stamps from other machines are never used for staleness (receipt time on the
 monotonic clock is) and are trusted for the database only within the skew tolerance:
@@ -17,7 +18,8 @@ re-stamped with its time of receipt.
 
 Telemetry, status and meter readings go into the row trackers; ``handle`` returns what
 the caller must still route (``Accepted``: telemetry and events for the database, a
-retained control of ours to seed a ladder, a CDU reading for the cooling supervisor, and
+retained control of ours to seed a ladder, a control of a peer of our shard (high
+availability: the leader's, which a standby follows), a CDU reading for the cooling supervisor, and
 ``urgent`` when a telemetry or meter reading took its row over the next threshold, so the
 control step runs now rather than at the interval), so data flows one way. No I/O here.
 """
@@ -81,6 +83,15 @@ class RetainedControl:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerControl:
+    """A control message of another instance of our shard (``ha.peers``): the leader's,
+    which a standby follows; ``retained`` when delivered at subscription."""
+
+    control: Control
+    retained: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CduIn:
     """A CDU reading, received at ``received_s`` (monotonic): for the cooling supervisor."""
 
@@ -95,7 +106,7 @@ class Urgent:
 
 METER_URGENT: Final = Urgent()
 
-Accepted = TelemetryIn | EventIn | RetainedControl | CduIn | Urgent
+Accepted = TelemetryIn | EventIn | RetainedControl | PeerControl | CduIn | Urgent
 """What ``Intake.handle`` accepted that its caller must route on."""
 
 
@@ -108,6 +119,8 @@ class Intake:
     trackers: dict[str, RowTracker]
     issuer: str
     cdus: tuple[str, ...] = ()
+    peers: frozenset[str] = frozenset()
+    """The other instances of this shard (high availability): not foreign."""
     window: ClockWindow = _DEFAULT_WINDOW
     messages_in: int = 0
     drops: DropLog = field(default_factory=lambda: DropLog(logger=_log))
@@ -239,13 +252,15 @@ class Intake:
             self.skewed.drop("cdu", topic=message.topic, detail="CDU stamp off")
         return CduIn(cdu, now_s)
 
-    def _control(self, message: InMessage) -> RetainedControl | None:
+    def _control(self, message: InMessage) -> RetainedControl | PeerControl | None:
         if not message.payload:
             return None
         control = decode(message.payload, Control)
         row, rack = self._controls[message.topic]
         check_identity("row", payload=control.row, topic=row)
         check_identity("rack", payload=control.rack, topic=rack)
+        if control.issuer in self.peers:
+            return PeerControl(control, message.retain)
         if control.issuer != self.issuer:
             self.drops.drop(
                 "foreign_control", topic=message.topic, detail=f"issuer {control.issuer!r}"

@@ -166,9 +166,12 @@ def status(
     now_ns: int,
     reason: str | None = None,
     crash_loop: str | None = None,
+    ha: Mapping[str, Any] | None = None,
 ) -> OutMessage:
-    """The aggregator's retained status (its Last Will says ``offline``)."""
+    """The aggregator's retained status (its Last Will says ``offline``); ``ha``: its
+    shard, role, term and the leader it knows, when elected on etcd."""
     message = Status(
+        **(ha or {}),
         ts_ns=now_ns,
         state=state,
         node=instance,

@@ -196,6 +196,32 @@ def aggregator_point(
     )
 
 
+def leader_point(
+    *,
+    ts_ns: int,
+    site: str,
+    instance: str,
+    shard: str,
+    role: str,
+    term: int,
+    leader: str | None,
+    leader_term: int,
+) -> Point:
+    """A ``leadership`` point: one instance's view when its shard's leadership changed
+    (an annotation on the dashboards)."""
+    return make_point(
+        "leadership",
+        ts_ns=ts_ns,
+        tags={"site": site, "shard": shard, "instance": instance},
+        fields={
+            "term": term,
+            "leader_term": leader_term,
+            "leading": 1.0 if role == "leader" else 0.0,
+            "leader": leader,
+        },
+    )
+
+
 def cooling_loop_point(loop: LoopAssessment, *, ts_ns: int, site: str) -> Point:
     """A ``cooling_loop`` point: one loop's assessment at one control interval.
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import structlog
 
@@ -29,11 +30,14 @@ from polca.aggregator.intake import (
     Accepted,
     EventIn,
     Intake,
+    PeerControl,
     RetainedControl,
     TelemetryIn,
     Urgent,
 )
 from polca.aggregator.step import RowControl, StepResult
+from polca.coord.etcd import Elector, EtcdClient
+from polca.coord.leadership import Leadership
 from polca.errors import PolicyError
 from polca.exits import ExitRecord
 from polca.export.schedule import WriteSchedule
@@ -75,6 +79,7 @@ class Aggregator:
             trackers=self.rows.trackers,
             issuer=settings.instance,
             cdus=tuple(loop.cdu for loop in settings.cooling.loops),
+            peers=frozenset(settings.ha.peers) - {settings.instance},
             window=ClockWindow.of_seconds(settings.control.clock_skew_tolerance_s),
         )
         self.exits = ExitRecord(settings.state_dir, clock_ns=clock_ns, logger=self.log)
@@ -86,6 +91,9 @@ class Aggregator:
         self.control_wake = asyncio.Event()
         """Set when the control step should run now (an urgent reading), not at the interval."""
         self.schedule = WriteSchedule(settings.influx.write_every_s)
+        self.leadership = Leadership.standby() if settings.ha.enabled else Leadership()
+        self.elector: Elector | None = None
+        self._seen_leader: tuple[str | None, int] = (None, 0)
         self.reloader = service.PolicyReloader(
             store=self.policy_store,
             notifier=self.notifier,
@@ -121,8 +129,14 @@ class Aggregator:
             # Each received message is handled on arrival (``handle_message`` never raises):
             # no inbox to wait in, no task switch per message.
             self.bus.set_handler(self.handle_message)
+            connections: dict[str, Coroutine[Any, Any, object]] = {
+                "mqtt": self.bus.run(),
+                "sinks": self.sinks.run(),
+            }
+            if self.elector is not None:
+                connections["etcd"] = self.elector.run()
             await service.supervise(
-                connections={"mqtt": self.bus.run(), "sinks": self.sinks.run()},
+                connections=connections,
                 loops={
                     "control": self._control_loop(),
                     **service.side_tasks(
@@ -164,17 +178,46 @@ class Aggregator:
             mono_ns=self.mono_ns,
         )
         self.rows.start(now_s)
+        ha = self.settings.ha
+        if ha.enabled:
+            client = EtcdClient(
+                ha.etcd_endpoints,
+                timeout_s=ha.request_timeout_s,
+                username=ha.username,
+                password=ha.secret(),
+                ca_file=ha.tls_ca_file,
+                cert_file=ha.tls_cert_file,
+                key_file=ha.tls_key_file,
+            )
+            self.elector = Elector(
+                client=client,
+                key=f"{ha.key_prefix}/{self.settings.site}/{self.settings.shard}",
+                instance=self.settings.instance,
+                leadership=self.leadership,
+                ttl_s=ha.lease_ttl_s,
+                poll_s=ha.campaign_interval_s,
+                on_change=self.leadership_changed,
+                mono_ns=self.mono_ns,
+            )
         self.log.info(
             "aggregator_started",
             rows=[r.name for r in self.settings.rows],
             policy=self.policy.policy.name,
             revision=self.policy.revision,
             observe=self.settings.control.observe,
+            shard=self.settings.shard if ha.enabled else None,
         )
 
     async def stop(self) -> None:
-        """Close the sinks and the bus (final ``offline`` status), bounded."""
+        """Resign the lead, close the sinks and the bus (final ``offline`` status), bounded."""
         self.notifier.stopping()
+        if self.elector is not None:
+            try:
+                async with asyncio.timeout(2.0):
+                    await self.elector.resign()  # a standby leads at its next campaign
+            except TimeoutError:
+                self.log.warning("leadership_not_resigned")
+            await self.elector.client.close()
         # Control messages stay retained: agents keep the last level until the lease ends,
         # then apply their fail-safe caps (a restarted aggregator takes over from them).
         await self.sinks.close(timeout_s=5.0)
@@ -203,7 +246,17 @@ class Aggregator:
             now_ns=self.clock_ns(),
             reason=reason,
             crash_loop=self.crash_loop,
+            ha=self._ha_status() if s.ha.enabled else None,
         )
+
+    def _ha_status(self) -> dict[str, object]:
+        lead = self.leadership
+        return {
+            "shard": self.settings.shard,
+            "role": lead.role,
+            "term": lead.term if lead.role == "leader" else lead.leader_term,
+            "leader": lead.leader,
+        }
 
     def _policy_messages(self) -> list[OutMessage]:
         if not self.settings.control.publish_policy:
@@ -253,8 +306,8 @@ class Aggregator:
         if isinstance(accepted, TelemetryIn):
             if accepted.urgent:
                 self.control_wake.set()  # over the next threshold: escalate now
-            if not self.sinks:
-                return
+            if not self.sinks or self.leadership.role == "standby":
+                return  # a standby writes no series of the rows: the leader does
             if not self.schedule.due("gpu", accepted.node, self.mono_ns() / 1e9):
                 return  # per-GPU series are thinned to their write interval
             t = accepted.telemetry
@@ -269,8 +322,61 @@ class Aggregator:
             self.control_wake.set()  # the row meter crossed the next threshold
         elif isinstance(accepted, RetainedControl):
             self.rows.seed(accepted.control, top_level=self.policy.policy.top_level)
+        elif isinstance(accepted, PeerControl):
+            self._peer_control(accepted)
         elif self.rows.observe_cdu(accepted.cdu, accepted.received_s):
             self.control_wake.set()  # cooling emergencies do not wait for the interval
+
+    # ------------------------------------------------------------------ leadership
+
+    def _peer_control(self, peer: PeerControl) -> None:
+        """Another instance of the shard published control: follow it, or step down."""
+        control = peer.control
+        if self.leadership.role == "leader":
+            if control.term > self.leadership.term and not peer.retained:
+                # A newer leader exists: our lease is gone though we have not heard yet.
+                self.log.warning("deposed", term=self.leadership.term, newer_term=control.term)
+                self.leadership.lost()
+                self.leadership_changed()
+            return
+        if control.term >= self.leadership.leader_term or peer.retained:
+            self.rows.follow(control, top_level=self.policy.policy.top_level)
+
+    def leadership_changed(self) -> None:
+        """The elector saw a change: log and audit it, stamp the new term, step at once."""
+        lead = self.leadership
+        seen = (lead.leader, lead.leader_term)
+        detail = {
+            "shard": self.settings.shard,
+            "role": lead.role,
+            "term": lead.term,
+            "leader": lead.leader,
+            "leader_term": lead.leader_term,
+        }
+        self.log.info("leadership_changed", **detail)
+        if lead.role == "leader":
+            self.rows.set_term(lead.term)
+            self.control_wake.set()  # the first control of the new term goes out now
+        if seen != self._seen_leader:
+            self._seen_leader = seen
+            self._event("leader_changed", **detail)
+            if self.sinks:
+                self.sinks.write(
+                    [
+                        points.leader_point(
+                            site=self.settings.site,
+                            instance=self.settings.instance,
+                            ts_ns=self.clock_ns(),
+                            shard=self.settings.shard,
+                            role=lead.role,
+                            term=lead.term,
+                            leader=lead.leader,
+                            leader_term=lead.leader_term,
+                        )
+                    ]
+                )
+        self._publish(self._status_message("online"))
+        self.notifier.status(self._status_line())
 
     # ------------------------------------------------------------------ control
 
@@ -292,17 +398,27 @@ class Aggregator:
         if result is None:
             return None  # warming up
         s = self.settings
-        for message in messages.step_messages(
-            self.topics, site=s.site, issuer=s.instance, result=result
-        ):
-            self._publish(message)
-        for _scope, decision in result.decisions():
-            if decision.changed:
-                self.log.info("level_changed", **decision.audit)
-                self._event("level_changed", **decision.audit)
-                self.notifier.status(self._status_line())
+        # Only the leader publishes control and writes the rows' points; a standby decides
+        # as well (its ladders stay warm, corrected by the leader's messages it follows).
+        leading = self.leadership.may_publish(self.mono_ns())
+        if leading:
+            for message in messages.step_messages(
+                self.topics, site=s.site, issuer=s.instance, result=result
+            ):
+                self._publish(message)
+            for _scope, decision in result.decisions():
+                if decision.changed:
+                    self.log.info("level_changed", **decision.audit)
+                    self._event("level_changed", **decision.audit)
+                    self.notifier.status(self._status_line())
+        elif self.leadership.role == "leader":
+            self.log.warning("leadership_deadline_passed", term=self.leadership.term)
+            self.leadership.lost()
+            self.leadership_changed()
         if self.sinks:
-            out = points.step_points(result, site=s.site, instance=s.instance)
+            # Points need no fencing: a leader cut off from etcd still writes them.
+            writes = self.leadership.role != "standby"
+            out = points.step_points(result, site=s.site, instance=s.instance) if writes else []
             out.append(
                 points.aggregator_point_of(
                     self.intake,

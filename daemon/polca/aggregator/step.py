@@ -138,6 +138,17 @@ class RowControl:
             seq=control.seq,
         )
 
+    def follow(self, leader: Control, *, top_level: int) -> None:
+        """Track the shard leader's level for one scope (this instance a standby)."""
+        controller = self.controllers.get((leader.row, leader.rack))
+        if controller is not None:
+            controller.follow(leader, top_level=top_level)
+
+    def set_term(self, term: int) -> None:
+        """The leadership term every control message carries from now on."""
+        for controller in self.controllers.values():
+            controller.term = term
+
     def observe_cdu(self, cdu: CduTelemetry, now_s: float) -> bool:
         """Keep a CDU reading for the next step; whether it is urgent (step now)."""
         if not self.cooling.observe(cdu, now_s):

@@ -348,6 +348,10 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
             "dropped_<reason>",
         ),
     ),
+    "leadership": MeasurementSchema(
+        tags=("site", "shard", "instance"),
+        fields={"term": int, "leader_term": int, "leading": float, "leader": str},
+    ),
     "cooling_loop": MeasurementSchema(
         tags=("site", "loop", "cdu"),
         fields=_floats(

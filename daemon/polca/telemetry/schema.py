@@ -171,6 +171,14 @@ class Status(_Wire):
         le=1e9,
         description="Clock skew against the controller, when beyond the tolerance.",
     )
+    shard: str | None = Field(
+        None, max_length=256, description="An aggregator elected on etcd: its shard."
+    )
+    role: Literal["leader", "standby"] | None = Field(
+        None, description="An aggregator elected on etcd: whether it leads its shard."
+    )
+    term: _Count | None = Field(None, description="The shard leader's term, as this one knows.")
+    leader: _Name | None = Field(None, description="The shard's leader, as this one knows.")
 
 
 class GpuCaps(BaseModel):
@@ -226,9 +234,12 @@ class Control(_Wire):
 
     Ordering: a message is newer when ``(epoch_ns, seq)`` is greater than the last one
     accepted for the same scope; ``epoch_ns`` is the issuer's start time, so a restarted
-    controller supersedes its predecessor. The lease lasts ``lease_expires_ns - issued_ns``
-    from receipt on the agent's monotonic clock, cut to the policy's maximum; wall clocks
-    only order messages and age retained ones (docs/mqtt.md, "Control and leases").
+    controller supersedes its predecessor. Above that, ``term`` fences: the leadership
+    term of an aggregator elected on etcd (0 without high availability); an agent follows
+    the highest term it has seen and ignores lower ones (docs/ha.md). The lease lasts
+    ``lease_expires_ns - issued_ns`` from receipt on the agent's monotonic clock, cut to
+    the policy's maximum; wall clocks only order messages and age retained ones
+    (docs/mqtt.md, "Control and leases").
     """
 
     kind: Literal["control"] = "control"
@@ -236,6 +247,7 @@ class Control(_Wire):
     row: _Name
     rack: _Name | None = None
     issuer: _Name
+    term: _Count = 0
     epoch_ns: _Ns
     seq: _Count
     level: _Level

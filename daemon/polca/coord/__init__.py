@@ -1,0 +1,1 @@
+"""Coordination between aggregator instances: leader election on etcd and fencing terms."""
