@@ -46,7 +46,6 @@ class EtcdMember(ServiceProcess):
         self.member = member
         self.cluster = cluster
         self.peer_port = peer_port
-        self.name = f"etcd-{member}"  # type: ignore[misc] - the log file per member
         super().__init__(workdir)
         self._started_once = False
 
