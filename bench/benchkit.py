@@ -325,7 +325,7 @@ def _agents(args: argparse.Namespace) -> dict[str, Any]:
             agent={
                 "policy_file": args.policy,
                 "state_dir": str(Path(args.state_dir) / node),
-                "control_issuers": [args.issuer],
+                "control_issuers": args.issuer or ["bench"],
                 "sample_interval_s": args.sample_interval_s,
             },
         )
@@ -505,7 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     agents.add_argument("--gpus", type=int, default=8)
     agents.add_argument("--policy", required=True)
     agents.add_argument("--state-dir", required=True)
-    agents.add_argument("--issuer", default="bench")
+    agents.add_argument(
+        "--issuer", action="append", help="repeatable: the instances followed; default bench"
+    )
     agents.add_argument("--sample-interval-s", type=float, default=0.1)
     agents.add_argument("--switch-interval-s", type=float, default=0.0)
     serve = sub.add_parser("serve")

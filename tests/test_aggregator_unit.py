@@ -199,3 +199,31 @@ def test_security_exposure_is_below_the_agents() -> None:
     assert score < MAX_EXPOSURE, f"exposure {score} >= {MAX_EXPOSURE}"
     agent = exposure(AGENT_UNIT)
     assert score < agent, f"aggregator {score} >= agent {agent}"
+
+
+HA_DROP_IN = ROOT / "systemd" / "polca-aggregator-ha.conf"
+
+
+def test_ha_drop_in_is_commented_and_its_credential_is_what_settings_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The high-availability drop-in: a comment on every directive, and its etcd password
+    credential is the file the aggregator reads ``ha.password`` from."""
+    text = HA_DROP_IN.read_text(encoding="utf-8")
+    assert uncommented_directives(text) == []
+    assert trailing_comments(text) == []
+    drop_in = parse_unit(text)
+    assert drop_in["Unit"]["After"] == ["etcd.service"]
+    (credential,) = drop_in["Service"]["LoadCredential"]
+    credential_id = credential.split(":", 1)[0]
+    (tmp_path / credential_id).write_text("etcd-s3cret\n", encoding="utf-8")
+    for name in [n for n in os.environ if n.startswith("POLCA_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    config = tmp_path / "aggregator.yaml"
+    config.write_text(
+        yaml.safe_dump({"ha": {"etcd_endpoints": ["https://etcd1:2379"], "username": "polca-agg"}}),
+        encoding="utf-8",
+    )
+    settings = load_settings_as(AggregatorSettings, config)
+    assert settings.ha.secret() == "etcd-s3cret"

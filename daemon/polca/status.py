@@ -82,9 +82,13 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
         out.write("no polca state on this broker (no retained summaries, control or status)\n")
         return
     for (site, instance), status in sorted(snapshot.aggregators.items()):
+        ha = ""
+        if status.shard is not None:
+            leader = status.leader or "none"
+            ha = f", shard {status.shard}: {status.role}, leader {leader} term {status.term}"
         out.write(
             f"aggregator {site}/{instance}: {status.state}, policy "
-            f"{status.policy_name} {status.policy_revision}\n"
+            f"{status.policy_name} {status.policy_revision}{ha}\n"
         )
     rows = sorted(
         {(s, r) for s, r in snapshot.summaries} | {(s, r) for s, r, _ in snapshot.controls}

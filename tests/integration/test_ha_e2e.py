@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -240,10 +242,11 @@ async def test_a_paused_leader_is_fenced_and_steps_down_when_resumed(
 
 
 async def test_two_instances_started_at_once_exactly_one_publishes(
-    shard: Shard, at_t2: MqttProbe
+    shard: Shard, at_t2: MqttProbe, mosquitto: MosquittoProcess
 ) -> None:
     """Started together, one instance leads: every control of the last seconds is from
-    one issuer at one term, and the other instance says it stands by."""
+    one issuer at one term, the other instance says it stands by, and ``polca status``
+    shows both with the leader and its term."""
     probe = at_t2
     start = len(probe.of("control"))
     await asyncio.sleep(2.0)
@@ -253,5 +256,33 @@ async def test_two_instances_started_at_once_exactly_one_publishes(
     leader = recent[0].issuer
     (standby,) = [name for name in INSTANCES if name != leader]
     await shard.aggregators[standby].wait_log(
-        "leadership_changed", where=lambda e: e.get("role") == "standby" and e.get("leader")
+        "leadership_changed",
+        where=lambda e: e.get("role") == "standby" and e.get("leader") == leader,
+    )
+    term = recent[0].term
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "polca",
+            "status",
+            "--broker",
+            f"{mosquitto.host}:{mosquitto.port}",
+            "--site",
+            SITE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = {line.split(":")[0]: line for line in result.stdout.splitlines()}
+    assert (
+        f"shard {ROW}: leader, leader {leader} term {term}" in lines[f"aggregator {SITE}/{leader}"]
+    )
+    assert (
+        f"shard {ROW}: standby, leader {leader} term {term}"
+        in lines[f"aggregator {SITE}/{standby}"]
     )

@@ -1,0 +1,47 @@
+"""The ``ha`` settings: refused when they could not keep the agents' leases alive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from polca.aggregator.config import AggregatorSettings
+from polca.errors import ConfigError
+from polca.settings import load_settings_as
+
+ROWS = [{"name": "row1", "budget_w": 1000, "racks": [{"name": "r1", "nodes": [{"name": "n1"}]}]}]
+
+
+def _load(tmp_path: Path, config: dict[str, object]) -> AggregatorSettings:
+    path = tmp_path / "aggregator.yaml"
+    path.write_text(yaml.safe_dump({"rows": ROWS, **config}), encoding="utf-8")
+    return load_settings_as(AggregatorSettings, path)
+
+
+def test_without_endpoints_the_aggregator_runs_alone(tmp_path: Path) -> None:
+    settings = _load(tmp_path, {})
+    assert not settings.ha.enabled
+    assert settings.shard == "row1"
+
+
+def test_an_etcd_ttl_over_half_the_control_lease_is_refused(tmp_path: Path) -> None:
+    """A standby must lead before the agents' leases end: ttl ≤ lease / 2."""
+    ha = {"etcd_endpoints": ["http://127.0.0.1:2379"], "lease_ttl_s": 6}
+    with pytest.raises((ConfigError, ValueError), match="at most half of"):
+        _load(tmp_path, {"ha": ha, "control": {"lease_s": 10}})
+    ok = _load(tmp_path, {"ha": {**ha, "lease_ttl_s": 5}, "control": {"lease_s": 10}})
+    assert ok.ha.lease_ttl_s == 5
+
+
+def test_an_endpoint_without_a_scheme_is_refused(tmp_path: Path) -> None:
+    with pytest.raises((ConfigError, ValueError), match="must start with http"):
+        _load(tmp_path, {"ha": {"etcd_endpoints": ["etcd1:2379"]}})
+
+
+def test_the_etcd_password_is_refused_in_the_file(tmp_path: Path) -> None:
+    """Secrets come from the environment, a file or a systemd credential, never the YAML."""
+    ha = {"etcd_endpoints": ["http://127.0.0.1:2379"], "username": "u", "password": "p"}
+    with pytest.raises((ConfigError, ValueError), match=r"ha\.password"):
+        _load(tmp_path, {"ha": ha})
