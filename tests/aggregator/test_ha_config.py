@@ -45,3 +45,16 @@ def test_the_etcd_password_is_refused_in_the_file(tmp_path: Path) -> None:
     ha = {"etcd_endpoints": ["http://127.0.0.1:2379"], "username": "u", "password": "p"}
     with pytest.raises((ConfigError, ValueError), match=r"ha\.password"):
         _load(tmp_path, {"ha": ha})
+
+
+def test_the_shipped_ha_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/aggregator-ha.example.yaml loads, campaigns, and lists itself among its peers."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("POLCA_")]:
+        monkeypatch.delenv(name)
+    example = Path(__file__).resolve().parents[2] / "deploy" / "aggregator-ha.example.yaml"
+    settings = load_settings_as(AggregatorSettings, example)
+    assert settings.ha.enabled
+    assert settings.instance in settings.ha.peers
+    assert settings.ha.lease_ttl_s * 2 <= settings.control.lease_s
