@@ -286,3 +286,34 @@ async def test_two_instances_started_at_once_exactly_one_publishes(
         f"shard {ROW}: standby, leader {leader} term {term}"
         in lines[f"aggregator {SITE}/{standby}"]
     )
+
+
+async def test_etcd_member_loss_changes_nothing_quorum_loss_fails_safe_and_recovers(
+    shard: Shard, at_t2: MqttProbe, etcd: EtcdCluster
+) -> None:
+    """One etcd member stopped: the same leader and term go on. Two stopped (no quorum):
+    the leader stops publishing, the agents' leases end and they apply their fail-safe
+    caps. The members back: a leader resumes control and the agents leave fail-safe."""
+    probe = at_t2
+    old = _leader(probe)
+    await asyncio.to_thread(etcd.members[0].kill)
+    start = len(probe.of("control"))
+    await asyncio.sleep(3.0)
+    during = _row_controls(probe, start)
+    assert during
+    assert {(c.issuer, c.term) for c in during} == {(old.issuer, old.term)}
+    await asyncio.to_thread(etcd.members[1].kill)
+    await shard.aggregators[old.issuer].wait_log("leadership_deadline_passed", timeout_s=10)
+    stopped = len(probe.of("control"))
+    for agent in shard.agents.values():
+        await agent.wait_log("fail_safe_entered", timeout_s=20)
+    assert not _row_controls(probe, stopped + 2)  # nothing published without a quorum
+    await asyncio.to_thread(etcd.members[0].start)
+    await asyncio.to_thread(etcd.members[1].start)
+    await asyncio.to_thread(etcd.wait_healthy)
+    await wait_until(
+        lambda: bool(_row_controls(probe, stopped + 2)), timeout_s=20, what="control again"
+    )
+    for agent in shard.agents.values():
+        await agent.wait_log("fail_safe_left", timeout_s=15)
+    await wait_until(shard.at_t2, timeout_s=10, what="T2 caps again")
