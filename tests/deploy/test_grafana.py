@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from polca.aggregator import points
 from tests.tsdb import InfluxDB1Process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -587,7 +588,33 @@ def make_run(now_ms: int) -> list[str]:
         lines += _event_lines(t, ts_ms)
         lines += _cooling_lines(t, ts_ms, counters.cooling)
         lines += _aggregator_lines(t, ts_ms, counters, points=len(lines))
+        lines += _leadership_lines(t, ts_ms)
     return lines
+
+
+LEADER_CHANGES = {0: ("agg-1", 7), 70: ("agg-2", 12)}
+"""When the row's shard changed leader in the run (the agg-1 instance killed at 70 s)."""
+
+
+def _leadership_lines(t: int, ts_ms: int) -> list[str]:
+    """The ``leadership`` points of the two instances of the row's shard, as the
+    aggregator writes them (``points.leader_point``) when the lead changes."""
+    if t not in LEADER_CHANGES:
+        return []
+    leader, term = LEADER_CHANGES[t]
+    return [
+        points.leader_point(
+            ts_ns=ts_ms * 1_000_000,
+            site=SITE,
+            instance=instance,
+            shard=ROW,
+            role="leader" if instance == leader else "standby",
+            term=term,
+            leader=leader,
+            leader_term=term,
+        ).to_line("ms")
+        for instance in ("agg-1", "agg-2")
+    ]
 
 
 def _control_lines(
@@ -804,6 +831,7 @@ def test_every_panel_query_returns_data(simulated_run: InfluxDB1Process) -> None
 def test_every_annotation_query_returns_events(simulated_run: InfluxDB1Process) -> None:
     """The level-change, fault and cooling-alarm annotations find their events, with text."""
     expected = {
+        "Leader changes": len(LEADER_CHANGES),
         "Level changes": len(LEVEL_STEPS) - 1,
         "Cooling alarms": sum(1 for change in COOLING_ALARMS if change[4] != "deescalated"),
     }
@@ -822,6 +850,7 @@ def test_every_annotation_query_returns_events(simulated_run: InfluxDB1Process) 
             assert len(texts) == expected[annotation["name"]], (name, texts)
             counted.add(f"{name}: {annotation['name']}")
     assert counted >= {
+        "polca-row.json: Leader changes",
         "polca-row.json: Level changes",
         "polca-gpus.json: Level changes",
         "polca-cooling.json: Cooling alarms",
