@@ -44,6 +44,8 @@ LABEL org.opencontainers.image.title="polca" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 COPY --from=builder /opt/polca /opt/polca
+# The licence travels with the image (Apache-2.0 asks for it with every copy).
+COPY LICENSE /usr/share/doc/polca/LICENSE
 
 # NVIDIA_*: ask the NVIDIA container runtime for every GPU and for NVML (utility), not CUDA.
 # STATE_DIRECTORY: where the original GPU settings are saved, as systemd would set it.

@@ -115,9 +115,14 @@ def test_builder_copies_only_package_sources(stages: list[list[Instruction]]) ->
 
 
 def test_runtime_copies_only_the_venv(stages: list[list[Instruction]]) -> None:
-    """The runtime takes /opt/polca from the builder and nothing from the build context."""
+    """The runtime takes /opt/polca from the builder and, from the build context, only the
+    licence (Apache-2.0 goes with every copy of the software)."""
     runtime = stages[1]
-    assert _args(runtime, "COPY") == ["--from=builder /opt/polca /opt/polca"]
+    assert _args(runtime, "COPY") == [
+        "--from=builder /opt/polca /opt/polca",
+        "LICENSE /usr/share/doc/polca/LICENSE",
+    ]
+    assert (ROOT / "LICENSE").is_file()
     assert not any("pip install" in args for args in _args(runtime, "RUN"))
 
 
@@ -164,6 +169,7 @@ def test_capability_hints_documented() -> None:
         ("daemon/polca.egg-info/PKG-INFO", True),
         ("pyproject.toml", False),
         ("README.md", False),
+        ("LICENSE", False),
         ("daemon/polca/cli.py", False),
         ("daemon/polca/sdnotify.py", False),
         ("daemon/polca/py.typed", False),

@@ -47,3 +47,31 @@ def test_stale_mqtt_block_is_detected(tmp_path: Path) -> None:
 def test_policy_schema_is_current() -> None:
     """docs/policy.md embeds the current policy JSON Schema."""
     assert policy_schema_check(["--check", str(ROOT / "docs" / "policy.md")]) == 0
+
+
+def test_every_credential_the_docs_name_is_the_one_the_units_load() -> None:
+    """A ``LoadCredential=ID:PATH`` quoted in the docs is the very line of a shipped unit
+    (an operator copies the path from the docs and the unit fails on another)."""
+    import re
+
+    shipped = {
+        line.strip()
+        for unit in (ROOT / "systemd").iterdir()
+        if unit.suffix in {".service", ".conf"}
+        for line in unit.read_text(encoding="utf-8").splitlines()
+        if line.startswith("LoadCredential=")
+    }
+    assert shipped
+    documents = [
+        *(ROOT / "docs").glob("*.md"),
+        ROOT / "README.md",
+        ROOT / "deploy" / "README.md",
+        ROOT / "systemd" / "README.md",
+    ]
+    quoted = {
+        (doc.name, match)
+        for doc in documents
+        for match in re.findall(r"LoadCredential=[\w.-]+:/[^\s`]+", doc.read_text(encoding="utf-8"))
+    }
+    assert quoted
+    assert {(name, line) for name, line in quoted if line not in shipped} == set()

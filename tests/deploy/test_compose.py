@@ -92,6 +92,22 @@ def test_stack_has_every_service(services: dict[str, Service]) -> None:
     assert services["grafana"]["image"].startswith("grafana/grafana:")
 
 
+def test_polca_services_do_not_restart_forever_on_a_fatal_exit(
+    services: dict[str, Service],
+) -> None:
+    """Exit 78 is a configuration problem a restart cannot fix (systemd's units say
+    RestartPreventExitStatus=78); compose cannot exempt one exit code, so the polca
+    services restart on failure a bounded number of times, never forever."""
+    polca = {name: s for name, s in services.items() if s.get("image") == "polca:local"}
+    assert "aggregator" in polca
+    for name, service in polca.items():
+        policy = str(service.get("restart", "no"))
+        kind, _, retries = policy.partition(":")
+        assert kind == "on-failure", (name, policy)
+        assert retries.isdigit(), (name, policy)
+        assert 0 < int(retries) <= 10, (name, policy)
+
+
 def test_images_are_pinned_or_built(services: dict[str, Service]) -> None:
     """Every image has an explicit tag other than latest; polca's is built from the repo."""
     for name, service in services.items():
