@@ -93,6 +93,17 @@ def _annotation_queries(name: str, dashboard: Mapping[str, Any]) -> list[Query]:
     ]
 
 
+def test_all_selections_stay_short_and_queries_go_by_post() -> None:
+    """An "All" selection sends ``.*``, not every node name of a large row; and the
+    datasource POSTs its queries, so a long selection never overflows a URL."""
+    for name, board in _dashboards().items():
+        for variable in board["templating"]["list"]:
+            if variable.get("includeAll"):
+                assert variable.get("allValue") == ".*", (name, variable["name"])
+    (source,) = _yaml(DATASOURCES_YAML)["datasources"]
+    assert source["jsonData"]["httpMode"] == "POST"
+
+
 def test_datasource_provisioning_is_influxql() -> None:
     """The datasource is InfluxDB in InfluxQL mode on database polca, URL from the environment."""
     config = _yaml(DATASOURCES_YAML)
