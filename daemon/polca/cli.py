@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,18 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     aggregator.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
 
-    status = sub.add_parser("status", help="rows, racks and nodes from retained MQTT state")
-    status.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="aggregator or agent settings (for the broker and site)",
-    )
-    status.add_argument("--broker", default=None, help="MQTT broker host[:port]")
-    status.add_argument("--site", default="+", help="site name (default: every site)")
-    status.add_argument(
-        "--wait", type=float, default=1.0, help="seconds to collect retained messages"
-    )
+    _status_parser(sub)
 
     demo = sub.add_parser(
         "demo",
@@ -204,6 +194,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_service(args)
 
 
+def _status_parser(sub: Any) -> None:
+    """``polca status``: where to connect, how, and how to print."""
+    status = sub.add_parser("status", help="rows, racks and nodes from retained MQTT state")
+    status.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="aggregator or agent settings (for the broker and site)",
+    )
+    status.add_argument("--broker", default=None, help="MQTT broker host[:port]")
+    status.add_argument("--site", default="+", help="site name (default: every site)")
+    status.add_argument(
+        "--wait", type=float, default=1.0, help="seconds to collect retained messages"
+    )
+    status.add_argument("--username", default=None, help="MQTT user (mqtt.username)")
+    status.add_argument(
+        "--password-file",
+        type=Path,
+        default=None,
+        help="file holding the MQTT password (first line); or POLCA_MQTT__PASSWORD",
+    )
+    status.add_argument("--tls", action="store_true", help="connect with TLS")
+    status.add_argument("--ca-file", type=Path, default=None, help="CA bundle for TLS")
+    status.add_argument("--json", action="store_true", help="print the snapshot as one JSON object")
+
+
 def _broker_override(broker: str | None) -> dict[str, Any]:
     if not broker:
         return {}
@@ -220,7 +236,15 @@ def _status(args: argparse.Namespace) -> int:
     from polca.status import collect, render  # noqa: PLC0415
 
     logs.configure(level="warning")
-    over = {"mqtt": _broker_override(args.broker)} if args.broker else {}
+    mqtt: dict[str, Any] = _broker_override(args.broker)
+    flags = {
+        "username": args.username,
+        "password_file": args.password_file,
+        "tls": True if args.tls or args.ca_file else None,
+        "tls_ca_file": args.ca_file,
+    }
+    mqtt.update({key: value for key, value in flags.items() if value is not None})
+    over = {"mqtt": mqtt} if mqtt else {}
     try:
         settings = load_settings_as(AggregatorSettings, args.config, **over)
     except FatalError as exc:
@@ -238,6 +262,11 @@ def _status(args: argparse.Namespace) -> int:
         return 1
     import time  # noqa: PLC0415
 
+    if args.json:
+        from polca.status import as_json  # noqa: PLC0415
+
+        sys.stdout.write(json.dumps(as_json(snapshot, now_ns=time.time_ns()), indent=2) + "\n")
+        return 0
     render(snapshot, now_ns=time.time_ns(), out=sys.stdout)
     return 0
 

@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from polca.settings import MqttSettings
 from polca.telemetry.bus import InMessage, MqttBus
@@ -156,6 +156,46 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
         )
     if snapshot.rejected:
         out.write(f"\n({snapshot.rejected} retained message(s) could not be read)\n")
+
+
+def as_json(snapshot: Snapshot, *, now_ns: int) -> dict[str, Any]:
+    """The snapshot as plain data (``polca status --json``): every retained message read,
+    decoded and validated, under its place; the same facts as the tables."""
+
+    def dump(message: Status | Control | RowSummary | State) -> dict[str, Any]:
+        return message.model_dump(mode="json")
+
+    return {
+        "collected_ns": now_ns,
+        "aggregators": [
+            {"site": site, "instance": instance, **dump(status)}
+            for (site, instance), status in sorted(snapshot.aggregators.items())
+        ],
+        "rows": [
+            {"site": site, "row": row, **dump(summary)}
+            for (site, row), summary in sorted(snapshot.summaries.items())
+        ],
+        "controls": [
+            {"site": site, "row": row, "rack": rack, **dump(control)}
+            for (site, row, rack), control in sorted(
+                snapshot.controls.items(),
+                key=lambda item: (item[0][0], item[0][1], item[0][2] or ""),
+            )
+        ],
+        "nodes": [
+            {
+                "site": site,
+                "row": row,
+                "rack": rack,
+                "node": node,
+                "status": dump(status) if (status := snapshot.statuses.get(key)) else None,
+                "state": dump(state) if (state := snapshot.states.get(key)) else None,
+            }
+            for key in sorted(set(snapshot.statuses) | set(snapshot.states))
+            for site, row, rack, node in [key]
+        ],
+        "rejected": snapshot.rejected,
+    }
 
 
 async def collect(settings: MqttSettings, *, root: str, site: str, wait_s: float) -> Snapshot:

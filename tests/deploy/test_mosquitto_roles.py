@@ -503,3 +503,47 @@ async def test_strict_acl_last_wills(
 ) -> None:
     """Strict ACL: a vanished node's or aggregator's will is published on its status only."""
     await _check_last_wills(*strict_roles)
+
+
+async def test_polca_status_reads_the_shipped_broker_as_the_viewer_in_json(
+    tmp_path: Path, pattern_roles: tuple[MosquittoProcess, dict[str, str]]
+) -> None:
+    """`polca status --username polca-viewer --password-file ... --json` against the shipped
+    configuration (no anonymous access) lists what a node published retained; without
+    credentials it fails with the broker named, instead of printing an empty site."""
+    import asyncio
+    import json as json_module
+    import subprocess
+    import sys
+    import time
+
+    from polca.telemetry.schema import Status, encode
+
+    broker, passwords = pattern_roles
+    status = Status(ts_ns=time.time_ns(), state="online", node="node1", gpu_count=8)
+    async with rig.connected(broker, "node1", passwords["node1"]) as client:
+        await client.publish(
+            node("row1", "rack1", "node1", "status"), encode(status), qos=1, retain=True
+        )
+    password_file = tmp_path / "viewer.pass"
+    password_file.write_text(passwords["polca-viewer"] + "\n", encoding="utf-8")
+    base = [sys.executable, "-m", "polca", "status", "--broker", f"{broker.host}:{broker.port}"]
+    base += ["--site", SITE, "--wait", "1.5"]
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*base, *extra], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    viewer = await asyncio.to_thread(
+        run, "--username", "polca-viewer", "--password-file", str(password_file), "--json"
+    )
+    assert viewer.returncode == 0, viewer.stderr
+    snapshot = json_module.loads(viewer.stdout)
+    (entry,) = [n for n in snapshot["nodes"] if n["node"] == "node1"]
+    assert (entry["site"], entry["row"], entry["rack"]) == (SITE, "row1", "rack1")
+    assert entry["status"]["state"] == "online"
+    assert entry["status"]["gpu_count"] == 8
+    anonymous = await asyncio.to_thread(run, "--json")
+    assert anonymous.returncode == 1
+    assert f"{broker.host}:{broker.port}" in anonymous.stderr
