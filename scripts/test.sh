@@ -2,7 +2,7 @@
 # Set up and run polca's whole test suite on a fresh Debian machine:
 # system packages (as root, or through sudo), a virtual environment, then lint, types,
 # import contracts, generated-docs checks and the tests against a real Mosquitto,
-# InfluxDB, VictoriaMetrics and etcd.
+# InfluxDB, VictoriaMetrics, etcd and Prometheus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +14,7 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 [ -x /usr/bin/influxd ] || need+=(influxdb)
 [ -x /usr/bin/victoria-metrics ] || need+=(victoria-metrics)
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
+[ -x /usr/bin/prometheus ] || need+=(prometheus)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

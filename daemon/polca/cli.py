@@ -305,7 +305,19 @@ async def _aggregator_main(settings: Any, *, duration_s: float | None) -> None:
     from polca.export.influx import make_sink  # noqa: PLC0415
 
     sink = make_sink(settings.influx, state_dir=settings.state_dir)
-    aggregator = Aggregator(settings, sinks=[sink] if sink is not None else [])
+    sinks: list[Any] = [sink] if sink is not None else []
+    if settings.metrics.address:
+        from polca.export.prometheus import PrometheusSink  # noqa: PLC0415
+
+        metrics = settings.metrics
+        sinks.append(
+            PrometheusSink(
+                metrics.address,
+                max_series=metrics.max_series,
+                stale_after_s=metrics.stale_after_s,
+            )
+        )
+    aggregator = Aggregator(settings, sinks=sinks)
     aiokit.install_signal_handlers(aggregator.stop_requested, aggregator.reload_requested)
     if duration_s is not None:
         asyncio.get_running_loop().call_later(duration_s, aggregator.stop_requested.set)

@@ -198,6 +198,24 @@ class AgentSettings(_Group):
     )
 
 
+class MetricsSettings(BaseModel):
+    """Prometheus ``/metrics`` (docs/prometheus.md); off unless an address is set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str | None = Field(
+        None,
+        pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):[0-9]{1,5}$",
+        description="HOST:PORT to serve /metrics on (e.g. 127.0.0.1:9464); unset: off.",
+    )
+    stale_after_s: float = Field(
+        120.0, gt=0, le=86_400, description="A series not updated this long is not served."
+    )
+    max_series: int = Field(
+        250_000, ge=1, le=10_000_000, description="Series kept at most (a topology's worth)."
+    )
+
+
 Thinnable = Literal["gpu", "node", "rack", "row", "cooling_loop", "aggregator"]
 """The measurements whose write interval an operator can choose (``polca.export.schedule``)."""
 

@@ -1,0 +1,299 @@
+"""A Prometheus ``/metrics`` endpoint: one more sink of the export path.
+
+Why a sink: the points the aggregator writes to InfluxDB (``points.py``'s ``SCHEMA``) are
+already every fact worth a metric; this sink keeps the latest value of every series and
+serves them in Prometheus's text format (``prometheus-client``), renamed to Prometheus's
+conventions: base units (``_watts``, ``_joules_total``, ``_celsius``, ``_hertz``,
+``_seconds``, ratios for percentages), ``_total`` for counters, and the labels
+``site, row, rack, node, gpu, uuid, class`` (others as the point has them). The catalogue
+is ``FAMILIES``; the reference with cardinalities is docs/prometheus.md.
+
+Bounded: at most ``max_series`` series are kept (a topology's worth; beyond it new series
+are dropped and counted, never old ones), and a series not written for ``stale_after_s``
+is left out of the scrape (a node gone quiet disappears rather than freezing at its last
+value). Serving runs on prometheus-client's own HTTP thread; ``write`` is a dictionary
+update on the event loop, and the scrape reads a copy under a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import structlog
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from polca.export.points import AnyPoint
+from polca.export.sink import SinkStats
+from polca.gpu.backend import CLOCK_EVENT_NAMES
+
+Kind = Literal["gauge", "counter"]
+_LABELS: Final = {"gpu_index": "gpu", "gpu_uuid": "uuid"}
+"""Point tags renamed to Prometheus labels (every other tag keeps its name)."""
+_LEFT_OUT_TAGS: Final = frozenset({"model", "instance"})
+"""Tags that are no metric label: the model is an attribute (not a dimension) and
+``instance`` is Prometheus's own label for the scraped target."""
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family made from one field of one measurement."""
+
+    measurement: str
+    field: str
+    name: str
+    kind: Kind
+    help: str
+    scale: float = 1.0
+
+
+def _f(measurement: str, field: str, name: str, help_text: str, **kw: Any) -> Family:
+    kind: Kind = "counter" if name.endswith("_total") else "gauge"
+    return Family(measurement, field, name, kind, help_text, **kw)
+
+
+FAMILIES: Final[tuple[Family, ...]] = (
+    # Per GPU, from the agents' telemetry.
+    _f("gpu", "power_w", "polca_gpu_power_watts", "GPU power over the last interval."),
+    _f("gpu", "power_max_w", "polca_gpu_power_max_watts", "Highest GPU power reading."),
+    _f("gpu", "energy_j", "polca_gpu_energy_joules_total", "GPU energy counter."),
+    _f("gpu", "temp_c", "polca_gpu_temperature_celsius", "GPU die temperature."),
+    _f("gpu", "mem_temp_c", "polca_gpu_memory_temperature_celsius", "GPU memory temperature."),
+    _f("gpu", "sm_clock_mhz", "polca_gpu_sm_clock_hertz", "SM clock.", scale=1e6),
+    _f("gpu", "mem_clock_mhz", "polca_gpu_memory_clock_hertz", "Memory clock.", scale=1e6),
+    _f("gpu", "util_pct", "polca_gpu_utilization_ratio", "GPU utilisation.", scale=0.01),
+    _f("gpu", "power_limit_w", "polca_gpu_power_limit_watts", "Power limit set."),
+    _f(
+        "gpu",
+        "enforced_power_limit_w",
+        "polca_gpu_enforced_power_limit_watts",
+        "Power limit the driver enforces.",
+    ),
+    _f(
+        "gpu",
+        "locked_sm_clock_max_mhz",
+        "polca_gpu_locked_sm_clock_max_hertz",
+        "Upper SM clock lock polca applied (absent when unlocked).",
+        scale=1e6,
+    ),
+    _f("gpu", "lost", "polca_gpu_lost", "1 while the agent reports the GPU lost."),
+    # Per node, from the aggregator's rollup.
+    _f("node", "power_w", "polca_node_power_watts", "Node power counted in its row."),
+    _f("node", "level", "polca_node_level", "Control level the agent applies."),
+    _f("node", "fail_safe", "polca_node_fail_safe", "1 while the agent applies fail-safe caps."),
+    _f("node", "online", "polca_node_online", "1 while the node's telemetry is fresh."),
+    _f("node", "stale", "polca_node_stale", "1 while its telemetry is late."),
+    _f(
+        "node",
+        "outbox_dropped",
+        "polca_node_outbox_dropped_total",
+        "Messages the agent dropped while the broker was away.",
+    ),
+    _f(
+        "node",
+        "control_rejected",
+        "polca_node_control_rejected_total",
+        "Control messages the agent refused.",
+    ),
+    # Rack and row power against budget and thresholds.
+    _f("rack", "power_w", "polca_rack_power_watts", "Rack power."),
+    _f("rack", "budget_w", "polca_rack_budget_watts", "Rack power budget."),
+    _f("rack", "thermal_budget_w", "polca_rack_thermal_budget_watts", "Rack thermal budget."),
+    _f("row", "power_w", "polca_row_power_watts", "Row power the controller acted on."),
+    _f("row", "budget_w", "polca_row_budget_watts", "Provisioned row budget."),
+    _f("row", "effective_budget_w", "polca_row_effective_budget_watts", "Budget in force."),
+    _f("row", "level", "polca_row_level", "Row control level (0 nominal)."),
+    _f("row", "threshold_1_w", "polca_row_threshold_1_watts", "Row power of level 1."),
+    _f("row", "threshold_2_w", "polca_row_threshold_2_watts", "Row power of level 2."),
+    _f("row", "threshold_3_w", "polca_row_threshold_3_watts", "Row power of level 3."),
+    _f("row", "nodes_stale", "polca_row_nodes_stale", "Nodes with late telemetry."),
+    _f("row", "nodes_offline", "polca_row_nodes_offline", "Nodes whose Last Will fired."),
+    _f("control", "level", "polca_control_level", "Level of each control scope."),
+    _f("control", "lease_s", "polca_control_lease_seconds", "Lease granted per message."),
+    # Cooling loops.
+    _f("cooling_loop", "severity", "polca_cooling_loop_severity", "Worst active alarm (0-3)."),
+    _f("cooling_loop", "alarms", "polca_cooling_loop_alarms", "Active alarms."),
+    _f(
+        "cooling_loop",
+        "headroom_kw",
+        "polca_cooling_loop_headroom_watts",
+        "Heat headroom.",
+        scale=1e3,
+    ),
+    _f("cooling_loop", "emergency", "polca_cooling_loop_emergency", "1 in a cooling emergency."),
+    # The aggregator's own health.
+    _f(
+        "aggregator",
+        "messages_in",
+        "polca_aggregator_messages_total",
+        "MQTT messages received.",
+    ),
+    _f("aggregator", "spool_bytes", "polca_aggregator_spool_bytes", "InfluxDB spool size."),
+    _f(
+        "aggregator",
+        "points_dropped",
+        "polca_aggregator_points_dropped_total",
+        "Points the InfluxDB sink gave up.",
+    ),
+)
+_BY_MEASUREMENT: Final = {
+    m: tuple(f for f in FAMILIES if f.measurement == m) for m in {f.measurement for f in FAMILIES}
+}
+CLOCK_EVENT_FAMILY: Final = "polca_gpu_clock_event_active"
+DROPPED_FAMILY: Final = "polca_aggregator_messages_dropped_total"
+Labels = tuple[tuple[str, str], ...]
+
+
+class _Series(Collector):
+    """The latest value per (family, labels), collected under a lock."""
+
+    def __init__(self, *, max_series: int, stale_after_s: float, clock: Callable[[], float]):
+        self.lock = threading.Lock()
+        self.values: dict[tuple[str, Labels], tuple[float, float]] = {}  # -> (value, at_s)
+        self.max_series = max_series
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self.refused = 0
+
+    def set(self, family: str, labels: Labels, value: float, at_s: float) -> None:
+        key = (family, labels)
+        if key not in self.values and len(self.values) >= self.max_series:
+            self.refused += 1
+            return
+        self.values[key] = (value, at_s)
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        now = self.clock()
+        with self.lock:
+            fresh = {
+                key: value
+                for key, (value, at_s) in self.values.items()
+                if now - at_s <= self.stale_after_s
+            }
+        catalogue = {f.name: f for f in FAMILIES}
+        by_family: dict[str, list[tuple[Labels, float]]] = {}
+        for (family, labels), value in fresh.items():
+            by_family.setdefault(family, []).append((labels, value))
+        for name, samples in sorted(by_family.items()):
+            spec = catalogue.get(name)
+            kind = spec.kind if spec else ("counter" if name.endswith("_total") else "gauge")
+            help_text = spec.help if spec else _EXTRA_HELP.get(name, name)
+            keys = [k for k, _ in samples[0][0]]
+            base = name.removesuffix("_total")
+            metric: GaugeMetricFamily | CounterMetricFamily = (
+                CounterMetricFamily(base, help_text, labels=keys)
+                if kind == "counter"
+                else GaugeMetricFamily(name, help_text, labels=keys)
+            )
+            for labels, value in samples:
+                metric.add_metric([v for _, v in labels], value)
+            yield metric
+
+
+_EXTRA_HELP: Final = {
+    CLOCK_EVENT_FAMILY: "1 while NVML reports this clock event reason for the GPU.",
+    DROPPED_FAMILY: "MQTT messages the aggregator dropped, by reason.",
+}
+
+
+def _labels(tags: dict[str, str] | Any) -> Labels:
+    return tuple(
+        sorted((_LABELS.get(k, k), str(v)) for k, v in tags.items() if k not in _LEFT_OUT_TAGS)
+    )
+
+
+class PrometheusSink:
+    """The latest value of every series, served at ``http://ADDRESS/metrics``."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        max_series: int = 250_000,
+        stale_after_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        host, sep, port = address.rpartition(":")
+        if not sep or not port.isdigit():
+            msg = f"metrics.address {address!r} must be HOST:PORT"
+            raise ValueError(msg)
+        self.host, self.port = host.strip("[]") or "127.0.0.1", int(port)
+        self.registry = CollectorRegistry()
+        self.series = _Series(max_series=max_series, stale_after_s=stale_after_s, clock=clock)
+        self.registry.register(self.series)
+        self._clock = clock
+        self._closed = asyncio.Event()
+        self._server: Any = None
+        self._written = 0
+        self._log = structlog.get_logger().bind(sink="prometheus", address=address)
+
+    def write(self, points: Sequence[AnyPoint]) -> None:
+        """Keep the latest value of each series the points carry; never raises."""
+        now = self._clock()
+        with self.series.lock:
+            for point in points:
+                families = _BY_MEASUREMENT.get(point.measurement)
+                if families is None and point.measurement != "aggregator":
+                    continue
+                try:
+                    labels = _labels(point.tags)
+                    fields = point.fields
+                except (AttributeError, TypeError, ValueError):
+                    continue
+                for spec in families or ():
+                    value = fields.get(spec.field)
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        self.series.set(spec.name, labels, float(value) * spec.scale, now)
+                if point.measurement == "gpu":
+                    mask = fields.get("clock_event_reasons")
+                    if isinstance(mask, int):
+                        for bit, reason in CLOCK_EVENT_NAMES.items():
+                            self.series.set(
+                                CLOCK_EVENT_FAMILY,
+                                (*labels, ("reason", reason)),
+                                1.0 if mask & bit else 0.0,
+                                now,
+                            )
+                elif point.measurement == "aggregator":
+                    for name, value in fields.items():
+                        if name.startswith("dropped_") and isinstance(value, int):
+                            reason = name.removeprefix("dropped_")
+                            self.series.set(
+                                DROPPED_FAMILY, (*labels, ("reason", reason)), float(value), now
+                            )
+                self._written += 1
+
+    async def run(self) -> None:
+        """Serve ``/metrics`` until closed (prometheus-client's HTTP thread)."""
+        try:
+            self._server, _thread = start_http_server(
+                self.port, addr=self.host, registry=self.registry
+            )
+        except OSError as exc:
+            self._log.error("metrics_not_served", error=str(exc))
+            await self._closed.wait()
+            return
+        self._log.info("metrics_served", url=f"http://{self.host}:{self.port}/metrics")
+        try:
+            await self._closed.wait()
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+
+    async def close(self, timeout_s: float) -> None:
+        """Stop serving."""
+        self._closed.set()
+
+    @property
+    def stats(self) -> SinkStats:
+        """Nothing is written to a database here: only the series refused for the bound."""
+        refused = self.series.refused
+        return SinkStats(
+            points_dropped=refused, dropped={"series_limit": refused} if refused else {}
+        )
