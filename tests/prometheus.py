@@ -29,14 +29,17 @@ class PrometheusProcess(ServiceProcess):
     name = "prometheus"
     start_timeout_s = 30.0
 
-    def __init__(self, workdir: Path, *, targets: list[str]) -> None:
+    def __init__(
+        self, workdir: Path, *, targets: list[str], rule_files: list[Path] | None = None
+    ) -> None:
         require_binary(
             PROMETHEUS, needed_by="the metrics tests need a real Prometheus", package="prometheus"
         )
         super().__init__(workdir)
         self.config_path = workdir / "prometheus.yml"
-        config = {
+        config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(path) for path in rule_files or []],
             "scrape_configs": [
                 {"job_name": "polca", "static_configs": [{"targets": targets}]},
             ],
@@ -70,6 +73,15 @@ class PrometheusProcess(ServiceProcess):
             pytest.fail(f"PromQL {promql!r}: {body}")
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
+
+    def api(self, path: str) -> dict[str, Any]:
+        """One GET of the HTTP API (``/api/v1/...``): its ``data``."""
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as answer:  # noqa: S310
+            body = json.loads(answer.read())
+        if body.get("status") != "success":
+            pytest.fail(f"{path}: {body}")
+        data: dict[str, Any] = body["data"]
+        return data
 
     def wait_for(self, promql: str, *, timeout_s: float = 20.0) -> list[dict[str, Any]]:
         """The vector of ``promql`` once it is not empty."""

@@ -11,6 +11,8 @@ from tests.mqtt_broker import MosquittoProcess
 from tests.prometheus import PrometheusProcess
 from tests.services import free_port
 
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "polca-rules.yml"
+
 
 async def test_prometheus_scrapes_row_node_gpu_and_health_families(
     tmp_path: Path, mosquitto: MosquittoProcess, fake_nvml_lib: Path
@@ -21,7 +23,9 @@ async def test_prometheus_scrapes_row_node_gpu_and_health_families(
     port = free_port()
     cluster = Cluster(tmp_path, mosquitto, fake_nvml_lib)
     cluster.aggregator = cluster.new_aggregator(extra={"metrics": {"address": f"127.0.0.1:{port}"}})
-    prometheus = PrometheusProcess(tmp_path / "prometheus", targets=[f"127.0.0.1:{port}"])
+    prometheus = PrometheusProcess(
+        tmp_path / "prometheus", targets=[f"127.0.0.1:{port}"], rule_files=[RULES]
+    )
     try:
         await asyncio.to_thread(prometheus.start)
         async with mqtt_probe(mosquitto) as probe:
@@ -56,6 +60,26 @@ async def test_prometheus_scrapes_row_node_gpu_and_health_families(
                 prometheus.wait_for, "increase(polca_aggregator_messages_total[10s]) > 0"
             )
             assert rate
+            # The shipped rules evaluate on the real series; at T2 the T2 alert goes pending
+            # (it fires after its 10 minutes), and nothing else is raised.
+            for _ in range(15):
+                await _meter(probe, cluster.aggregator.meter_topic, 92.0)
+                await asyncio.sleep(0.2)
+            await _until_level(probe, 2)
+            alerts: list[dict[str, object]] = []
+            for _ in range(40):
+                await _meter(probe, cluster.aggregator.meter_topic, 92.0)
+                alerts = (await asyncio.to_thread(prometheus.api, "/api/v1/alerts"))["alerts"]
+                if any(a["labels"]["alertname"] == "PolcaRowAtT2" for a in alerts):  # type: ignore[index]
+                    break
+                await asyncio.sleep(0.25)
+            assert [(a["labels"]["alertname"], a["state"]) for a in alerts] == [  # type: ignore[index]
+                ("PolcaRowAtT2", "pending")
+            ]
+            groups = (await asyncio.to_thread(prometheus.api, "/api/v1/rules"))["groups"]
+            rules = [rule for group in groups for rule in group["rules"]]
+            assert len(rules) == 9
+            assert {rule["health"] for rule in rules} == {"ok"}
     finally:
         cluster.kill_all()
         prometheus.kill()
