@@ -26,7 +26,6 @@ the details per QoS.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -37,7 +36,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.benchkit import BROKER_CONFIG, Child, median, publishers  # noqa: E402
+from bench.benchkit import BROKER_CONFIG, Child, median, publishers, write_result  # noqa: E402
 
 SITE, ROW = "bench", "row1"
 RACKS, NODES_PER_RACK = 4, 32
@@ -135,39 +134,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             config = _config(workdir, port=broker.port, influx_url=vm.url)
             per_qos: dict[str, Any] = {}
             for qos in (0, 1):
-                floors, intakes = [], []
+                floors: list[dict[str, Any]] = []
+                intakes: list[dict[str, Any]] = []
+                common = (f"--port={broker.port}", f"--count={args.messages}")
                 for _ in range(args.trials):
-                    floor = Child.role(
-                        "floor",
-                        f"--port={broker.port}",
-                        f"--count={args.messages}",
-                        f"--qos={qos}",
-                        f"--topic={TOPIC}",
-                    )
-                    floors.append(
-                        _drain(
-                            floor,
-                            port=broker.port,
-                            count=args.messages,
-                            parts=args.publishers,
-                            qos=qos,
+                    for runs, role, extra in (
+                        (floors, "floor", (f"--qos={qos}", f"--topic={TOPIC}")),
+                        (intakes, "aggregator", (f"--config={config}",)),
+                    ):
+                        consumer = Child.role(role, *common, *extra)
+                        runs.append(
+                            _drain(
+                                consumer,
+                                port=broker.port,
+                                count=args.messages,
+                                parts=args.publishers,
+                                qos=qos,
+                            )
                         )
-                    )
-                    aggregator = Child.role(
-                        "aggregator",
-                        f"--port={broker.port}",
-                        f"--count={args.messages}",
-                        f"--config={config}",
-                    )
-                    intakes.append(
-                        _drain(
-                            aggregator,
-                            port=broker.port,
-                            count=args.messages,
-                            parts=args.publishers,
-                            qos=qos,
-                        )
-                    )
                 per_qos[f"qos{qos}"] = {
                     "floor_msgs_per_s": round(median([f["rate"] for f in floors])),
                     "intake_msgs_per_s": round(median([i["rate"] for i in intakes])),
@@ -234,8 +218,7 @@ def main() -> int:
         f"paced: {paced['sent']} messages at {paced['publish_rate']:.0f} msg/s, aggregator handled "
         f"{paced['received']} ({paced['dropped']} missing)"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    write_result(args.out, figures)
     return 0
 
 

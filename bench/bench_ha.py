@@ -42,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.benchkit import Child, median, release_policy  # noqa: E402
+from bench.benchkit import Child, median, release_policy, write_result  # noqa: E402
 
 SITE, ROW = "bench", "row1"
 INSTANCES = ("agg-a", "agg-b")
@@ -253,8 +253,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "ha.json")
     args = parser.parse_args()
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(args.out, result)
     print(
         f"{result['kills']} kills, {result['agents']} agents: takeover p50 "
         f"{result['takeover_p50_s']} s, max {result['takeover_max_s']} s (target <= {TARGET_S} s);"

@@ -35,7 +35,6 @@ It prints a table and writes ``bench/results/reaction.json`` (``agents``, ``p50_
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
@@ -57,6 +56,7 @@ from bench.benchkit import (  # noqa: E402
     react_once,
     release_policy,
     stop_all,
+    write_result,
 )
 
 SITE, ROW, ISSUER = "bench", "row1", "bench"
@@ -223,8 +223,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "reaction.json")
     args = parser.parse_args()
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(args.out, result)
     print(
         f"{result['agents']} agents ({result['agent_processes']} processes), "
         f"{result['trials']} trials: meter over T2 -> last agent capped"

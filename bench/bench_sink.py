@@ -34,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.benchkit import Child, median  # noqa: E402
+from bench.benchkit import Child, median, write_result  # noqa: E402
 
 TARGET_ENCODE_US = 4.0
 BATCH = 5_000
@@ -262,8 +262,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "sink.json")
     args = parser.parse_args()
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(args.out, result)
     print(
         f"encoding: {result['encode_us_per_point']} µs per GPU point "
         f"({result['encode_points_per_s']:,} points/s; with building the points "

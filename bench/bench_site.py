@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import platform
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from bench.benchkit import (  # noqa: E402
     release_policy,
     site_node,
     stop_all,
+    write_result,
 )
 
 SITE = "bench"
@@ -342,8 +342,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "site.json")
     args = parser.parse_args()
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(args.out, result)
     print(
         f"{result['nodes']} nodes ({result['gpus']} GPUs), {result['rows']} rows on "
         f"{result['aggregators']} aggregators, {args.seconds:.0f} s: published "

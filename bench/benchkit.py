@@ -815,6 +815,12 @@ def stop_all(children: Sequence[Child], timeout_s: float = 30.0) -> None:
         child.stop(timeout_s=timeout_s)
 
 
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """A benchmark's figures as JSON at ``path`` (under ``bench/results/`` by default)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
 def median(values: Sequence[float]) -> float:
     """The median (the mean of the middle two for an even count)."""
     ordered = sorted(values)

@@ -1,4 +1,5 @@
-"""Shared test rig: real Mosquitto and fake-NVML fixtures, leak and logging hygiene."""
+"""Shared test rig: real Mosquitto, databases, etcd and fake-NVML fixtures, leak and logging
+hygiene."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import structlog
 
+from tests.etcd import etcd
 from tests.fake_nvml.plugin import fake_nvml, fake_nvml_lib
 from tests.mqtt_broker import mosquitto, mosquitto_factory
 from tests.tsdb import influxdb1, victoria_metrics
 
 __all__ = [
+    "etcd",
     "fake_nvml",
     "fake_nvml_lib",
     "influxdb1",

@@ -12,25 +12,14 @@ from __future__ import annotations
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.services import ServiceProcess, free_port, require_binary
+from tests.services import ServiceProcess, free_port, http_request, require_binary
 
 ETCD = Path("/usr/bin/etcd")
-
-
-def _get(url: str, *, timeout_s: float = 0.5) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, method="GET")  # noqa: S310 - loopback
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            status: int = response.status
-            return status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 class EtcdMember(ServiceProcess):
@@ -112,7 +101,7 @@ class EtcdCluster:
                 if not member.running:
                     continue
                 try:
-                    status, body = _get(f"{member.url}/health")
+                    status, body = http_request("GET", f"{member.url}/health", timeout_s=0.5)
                 except OSError:
                     continue
                 if status == 200 and json.loads(body).get("health") == "true":
@@ -125,3 +114,12 @@ class EtcdCluster:
         """SIGKILL every member."""
         for member in self.members:
             member.kill()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A running 3-member etcd cluster on loopback ports, killed after the test."""
+    cluster = EtcdCluster(tmp_path / "etcd")
+    cluster.start()
+    yield cluster
+    cluster.kill()

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.services import ServiceProcess, require_binary
+from tests.services import ServiceProcess, http_request, require_binary
 
 PROMETHEUS = Path("/usr/bin/prometheus")
 PROMTOOL = Path("/usr/bin/promtool")
@@ -61,27 +60,25 @@ class PrometheusProcess(ServiceProcess):
         ]
 
     def _ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=0.5) as answer:  # noqa: S310
-            return bool(answer.status == 200)
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """The instant vector of ``promql`` now (fails the test on an API error)."""
-        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-        with urllib.request.urlopen(url, timeout=5) as answer:  # noqa: S310 - loopback
-            body = json.loads(answer.read())
-        if body.get("status") != "success":
-            pytest.fail(f"PromQL {promql!r}: {body}")
-        result: list[dict[str, Any]] = body["data"]["result"]
-        return result
+        status, _ = http_request("GET", f"{self.url}/-/ready", timeout_s=0.5)
+        return status == 200
 
     def api(self, path: str) -> dict[str, Any]:
-        """One GET of the HTTP API (``/api/v1/...``): its ``data``."""
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as answer:  # noqa: S310
-            body = json.loads(answer.read())
+        """One GET of the HTTP API (``/api/v1/...``): its ``data`` (fails the test on an
+        API error)."""
+        _, raw = http_request("GET", f"{self.url}{path}", timeout_s=5)
+        body = json.loads(raw)
         if body.get("status") != "success":
             pytest.fail(f"{path}: {body}")
         data: dict[str, Any] = body["data"]
         return data
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """The instant vector of ``promql`` now."""
+        result: list[dict[str, Any]] = self.api(
+            f"/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        )["result"]
+        return result
 
     def wait_for(self, promql: str, *, timeout_s: float = 20.0) -> list[dict[str, Any]]:
         """The vector of ``promql`` once it is not empty."""

@@ -21,6 +21,8 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -34,6 +36,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def http_request(
+    method: str, url: str, *, body: bytes | None = None, timeout_s: float = 10.0
+) -> tuple[int, bytes]:
+    """One HTTP request to a service; the status and body, also for error statuses."""
+    request = urllib.request.Request(url, data=body, method=method)  # noqa: S310 - loopback
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            status: int = response.status
+            return status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
 
 def require_binary(path: Path, *, needed_by: str, package: str) -> None:

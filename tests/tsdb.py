@@ -28,24 +28,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.services import ServiceProcess, free_port, require_binary, started
+from tests.services import ServiceProcess, free_port, http_request, require_binary, started
 
 INFLUXD = Path("/usr/bin/influxd")
 VICTORIA_METRICS = Path("/usr/bin/victoria-metrics")
-_HTTP_TIMEOUT_S = 10.0
-
-
-def _http(
-    method: str, url: str, *, body: bytes | None = None, timeout_s: float = _HTTP_TIMEOUT_S
-) -> tuple[int, bytes]:
-    """One HTTP request; the status and body, also for error statuses."""
-    request = urllib.request.Request(url, data=body, method=method)  # noqa: S310 - loopback
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            status: int = response.status
-            return status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 class _HttpServiceProcess(ServiceProcess):
@@ -60,7 +46,7 @@ class _HttpServiceProcess(ServiceProcess):
         return f"http://{self.host}:{self.port}"
 
     def _ready(self) -> bool:
-        status, _ = _http("GET", f"{self.url}{self.ready_path}", timeout_s=0.5)
+        status, _ = http_request("GET", f"{self.url}{self.ready_path}", timeout_s=0.5)
         return status == self.ready_status
 
 
@@ -145,7 +131,7 @@ bind-address = "{self.host}:{self.rpc_port}"
 
     def _query(self, influxql: str, method: str) -> tuple[int, bytes]:
         params = urllib.parse.urlencode({"db": self.database, "q": influxql, "epoch": "ms"})
-        return _http(method, f"{self.url}/query?{params}")
+        return http_request(method, f"{self.url}/query?{params}")
 
     def query_raw(self, influxql: str, *, method: str = "GET") -> dict[str, Any]:
         """Run InfluxQL against the ``polca`` database; the whole decoded JSON answer.
@@ -185,7 +171,7 @@ bind-address = "{self.host}:{self.rpc_port}"
     def post(self, body: bytes, *, precision: str = "ms") -> tuple[int, bytes]:
         """POST line protocol to ``/write``; the status and body, whatever they are."""
         params = urllib.parse.urlencode({"db": self.database, "precision": precision})
-        return _http("POST", f"{self.url}/write?{params}", body=body)
+        return http_request("POST", f"{self.url}/write?{params}", body=body)
 
     def write(self, body: bytes, *, precision: str = "ms") -> None:
         """Write line protocol directly (``/write``), failing the test on an error."""
@@ -232,7 +218,7 @@ class VictoriaMetricsProcess(_HttpServiceProcess):
 
     def post(self, body: bytes, *, precision: str = "ms") -> tuple[int, bytes]:
         """POST line protocol to ``/write``; the status and body, whatever they are."""
-        return _http("POST", f"{self.url}/write?precision={precision}", body=body)
+        return http_request("POST", f"{self.url}/write?precision={precision}", body=body)
 
     def write(self, body: bytes, *, precision: str = "ms") -> None:
         """Write line protocol directly (``/write``), failing the test unless it says 204.
@@ -246,7 +232,7 @@ class VictoriaMetricsProcess(_HttpServiceProcess):
 
     def flush(self) -> None:
         """Make every accepted sample searchable now (``/internal/force_flush``)."""
-        status, body = _http("GET", f"{self.url}/internal/force_flush")
+        status, body = http_request("GET", f"{self.url}/internal/force_flush")
         if status != 200:
             pytest.fail(f"force_flush failed with HTTP {status}: {body!r}")
 
@@ -254,7 +240,7 @@ class VictoriaMetricsProcess(_HttpServiceProcess):
         """Every series matching the selector, as ``{"metric", "values", "timestamps"}``."""
         self.flush()
         params = urllib.parse.urlencode({"match[]": match})
-        status, body = _http("GET", f"{self.url}/api/v1/export?{params}")
+        status, body = http_request("GET", f"{self.url}/api/v1/export?{params}")
         if status != 200:
             pytest.fail(f"export {match!r} failed with HTTP {status}: {body!r}")
         return [json.loads(line) for line in body.splitlines() if line.strip()]

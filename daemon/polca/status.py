@@ -184,15 +184,11 @@ def as_json(snapshot: Snapshot, *, now_ns: int) -> dict[str, Any]:
         ],
         "nodes": [
             {
-                "site": site,
-                "row": row,
-                "rack": rack,
-                "node": node,
+                **dict(zip(("site", "row", "rack", "node"), key, strict=True)),
                 "status": dump(status) if (status := snapshot.statuses.get(key)) else None,
                 "state": dump(state) if (state := snapshot.states.get(key)) else None,
             }
             for key in sorted(set(snapshot.statuses) | set(snapshot.states))
-            for site, row, rack, node in [key]
         ],
         "rejected": snapshot.rejected,
     }

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,14 +15,6 @@ from tests.etcd import EtcdCluster
 
 TTL_S = 2.0
 KEY = "polca/v1/leader/site/row1"
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path / "etcd")
-    cluster.start()
-    yield cluster
-    cluster.kill()
 
 
 def _elector(cluster: EtcdCluster, instance: str, changes: list[str]) -> Elector:

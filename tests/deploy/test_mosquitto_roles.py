@@ -511,13 +511,11 @@ async def test_polca_status_reads_the_shipped_broker_as_the_viewer_in_json(
     """`polca status --username polca-viewer --password-file ... --json` against the shipped
     configuration (no anonymous access) lists what a node published retained; without
     credentials it fails with the broker named, instead of printing an empty site."""
-    import asyncio
     import json as json_module
-    import subprocess
-    import sys
     import time
 
     from polca.telemetry.schema import Status, encode
+    from tests.integration.rig import polca_status
 
     broker, passwords = pattern_roles
     status = Status(ts_ns=time.time_ns(), state="online", node="node1", gpu_count=8)
@@ -527,16 +525,12 @@ async def test_polca_status_reads_the_shipped_broker_as_the_viewer_in_json(
         )
     password_file = tmp_path / "viewer.pass"
     password_file.write_text(passwords["polca-viewer"] + "\n", encoding="utf-8")
-    base = [sys.executable, "-m", "polca", "status", "--broker", f"{broker.host}:{broker.port}"]
-    base += ["--site", SITE, "--wait", "1.5"]
-
-    def run(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*base, *extra], capture_output=True, text=True, timeout=60, check=False
-        )
-
-    viewer = await asyncio.to_thread(
-        run, "--username", "polca-viewer", "--password-file", str(password_file), "--json"
+    viewer = await polca_status(
+        broker,
+        "--wait=1.5",
+        "--username=polca-viewer",
+        f"--password-file={password_file}",
+        "--json",
     )
     assert viewer.returncode == 0, viewer.stderr
     snapshot = json_module.loads(viewer.stdout)
@@ -544,6 +538,6 @@ async def test_polca_status_reads_the_shipped_broker_as_the_viewer_in_json(
     assert (entry["site"], entry["row"], entry["rack"]) == (SITE, "row1", "rack1")
     assert entry["status"]["state"] == "online"
     assert entry["status"]["gpu_count"] == 8
-    anonymous = await asyncio.to_thread(run, "--json")
+    anonymous = await polca_status(broker, "--wait=1.5", "--json")
     assert anonymous.returncode == 1
     assert f"{broker.host}:{broker.port}" in anonymous.stderr

@@ -197,6 +197,19 @@ class AgentProcess(JsonLogProcess):
         return env
 
 
+async def polca_status(broker: MosquittoProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    """``polca status --broker ... --site SITE ARGS`` as a user runs it (off the event loop)."""
+    argv = [sys.executable, "-m", "polca", "status", "--broker", f"{broker.host}:{broker.port}"]
+    return await asyncio.to_thread(
+        subprocess.run,
+        [*argv, "--site", SITE, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 async def wait_until(
     predicate: Callable[[], bool], *, timeout_s: float = 10.0, what: str = "condition"
 ) -> None:

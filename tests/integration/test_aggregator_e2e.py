@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ from tests.integration.rig import (
     AgentProcess,
     MqttProbe,
     mqtt_probe,
+    polca_status,
     wait_until,
 )
 from tests.mqtt_broker import MosquittoProcess
@@ -359,23 +358,7 @@ async def test_status_command_and_history_in_victoria_metrics(
             await _meter(probe, cluster.aggregator.meter_topic, 85.0)
             await asyncio.sleep(0.2)
         await _until_level(probe, 1)
-        result = await asyncio.to_thread(
-            subprocess.run,
-            [
-                sys.executable,
-                "-m",
-                "polca",
-                "status",
-                "--broker",
-                f"{mosquitto.host}:{mosquitto.port}",
-                "--site",
-                SITE,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = await polca_status(mosquitto)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"{SITE}/{ROW}" in out

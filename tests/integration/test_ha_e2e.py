@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,7 +18,15 @@ from polca.telemetry.schema import Control, Meter, encode
 from tests.etcd import EtcdCluster
 from tests.fake_nvml import FakeNvml
 from tests.integration.aggregator_rig import AggregatorProcess
-from tests.integration.rig import ROW, SITE, AgentProcess, MqttProbe, mqtt_probe, wait_until
+from tests.integration.rig import (
+    ROW,
+    SITE,
+    AgentProcess,
+    MqttProbe,
+    mqtt_probe,
+    polca_status,
+    wait_until,
+)
 from tests.integration.test_aggregator_e2e import _test_policy
 from tests.mqtt_broker import MosquittoProcess
 
@@ -94,14 +100,6 @@ class Shard:
             if process.process is not None and process.process.poll() is None:
                 process.signal(signal.SIGCONT)  # a stopped process cannot die of SIGKILL late
             process.kill()
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path / "etcd")
-    cluster.start()
-    yield cluster
-    cluster.kill()
 
 
 @pytest.fixture
@@ -260,23 +258,7 @@ async def test_two_instances_started_at_once_exactly_one_publishes(
         where=lambda e: e.get("role") == "standby" and e.get("leader") == leader,
     )
     term = recent[0].term
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "polca",
-            "status",
-            "--broker",
-            f"{mosquitto.host}:{mosquitto.port}",
-            "--site",
-            SITE,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = await polca_status(mosquitto)
     assert result.returncode == 0, result.stderr
     lines = {line.split(":")[0]: line for line in result.stdout.splitlines()}
     assert (

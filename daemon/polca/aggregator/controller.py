@@ -84,26 +84,23 @@ class ScopeController:
         retained one, bounded so a retained ``seq`` near the integer limit cannot make the
         next message unrepresentable.
         """
-        if retained.row != self.row or (retained.rack or None) != self.rack:
-            return
-        level = max(0, min(retained.level, top_level))
-        self.ladder = LadderState(level=level, below_since_s=None)
-        self.published_level = level
-        self.seq = max(self.seq, min(retained.seq, _MAX_SEEDED_SEQ))
-        self.seeded_from = level
+        if self.follow(retained, top_level=top_level):
+            self.seeded_from = self.published_level
 
-    def follow(self, leader: Control, *, top_level: int) -> None:
-        """Track the level the shard's leader publishes (this instance a standby).
+    def follow(self, leader: Control, *, top_level: int) -> bool:
+        """Take the level of another controller's message for this scope (a standby
+        tracking its shard's leader, or ``seed``); whether the message is for this scope.
 
         A takeover then resumes at the leader's last level, never a lower one: the ladder
         takes the level (clamped) and starts its release dwell afresh.
         """
         if leader.row != self.row or (leader.rack or None) != self.rack:
-            return
+            return False
         level = max(0, min(leader.level, top_level))
         self.ladder = LadderState(level=level, below_since_s=None)
         self.published_level = level
         self.seq = max(self.seq, min(leader.seq, _MAX_SEEDED_SEQ))
+        return True
 
     def step(
         self,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import severity_rank
 from polca.cooling.supervisor import LoopAssessment
-from polca.export.points import FieldValue, LineTemplate, Point, SeriesPoint, make_point
+from polca.export.points import SCHEMA, FieldValue, LineTemplate, Point, SeriesPoint, make_point
 from polca.telemetry.schema import Control, Event, Telemetry
 
 if TYPE_CHECKING:
@@ -27,25 +27,8 @@ _TEXT_MAX_CHARS: Final = 256
 """An event's text field, in characters."""
 
 
-_GPU_FIELDS: Final = (
-    "power_w",
-    "power_max_w",
-    "power_avg_w",
-    "energy_j",
-    "energy_delta_j",
-    "temp_c",
-    "temp_max_c",
-    "mem_temp_c",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "util_pct",
-    "mem_util_pct",
-    "power_limit_w",
-    "enforced_power_limit_w",
-    "locked_sm_clock_max_mhz",
-    "clock_event_reasons",
-    "lost",
-)
+_GPU_FIELDS: Final = tuple(SCHEMA["gpu"].fields)
+"""The ``gpu`` fields in ``SCHEMA``'s order: ``gpu_points`` fills its values in this order."""
 _GPU: Final = LineTemplate(
     "gpu",
     tag_keys=("class", "gpu_index", "gpu_uuid", "model", "node", "rack", "row", "site"),

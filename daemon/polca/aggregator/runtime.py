@@ -411,10 +411,6 @@ class Aggregator:
                     self.log.info("level_changed", **decision.audit)
                     self._event("level_changed", **decision.audit)
                     self.notifier.status(self._status_line())
-        elif self.leadership.role == "leader":
-            self.log.warning("leadership_deadline_passed", term=self.leadership.term)
-            self.leadership.lost()
-            self.leadership_changed()
         if self.sinks:
             # Points need no fencing: a leader cut off from etcd still writes them.
             writes = self.leadership.role != "standby"

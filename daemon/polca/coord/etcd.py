@@ -29,7 +29,7 @@ import binascii
 import json
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -275,7 +275,7 @@ class Elector:
     leadership: Leadership
     ttl_s: float
     poll_s: float
-    on_change: Callable[[], Awaitable[None] | None]
+    on_change: Callable[[], object]
     mono_ns: Callable[[], int] = time.monotonic_ns
     lease_id: int = 0
     failures: int = 0
@@ -299,15 +299,9 @@ class Elector:
                 self.leadership.renewed(sent_mono_ns=sent, ttl_s=self.ttl_s)
             else:
                 result = await self.client.campaign(self.key, self.instance, self.lease_id)
-                if result.won:
-                    self.leadership.elected(
-                        term=result.holder.term,
-                        instance=self.instance,
-                        sent_mono_ns=sent,
-                        ttl_s=self.ttl_s,
-                    )
-                elif result.holder.lease_id == self.lease_id and result.holder.term:
-                    # Our own key from a round whose answer was lost: we lead.
+                # Won now, or the key is ours from a round whose answer was lost: we lead.
+                ours = result.holder.lease_id == self.lease_id and result.holder.term > 0
+                if result.won or ours:
                     self.leadership.elected(
                         term=result.holder.term,
                         instance=self.instance,
@@ -331,9 +325,7 @@ class Elector:
                 self.leadership.lost()
             after = (self.leadership.role, self.leadership.leader, self.leadership.leader_term)
             if after != before:
-                pending = self.on_change()
-                if pending is not None:
-                    await pending
+                self.on_change()
 
     def interval_s(self) -> float:
         """The pause before the next round: renew at a quarter ttl, campaign at ``poll_s``;

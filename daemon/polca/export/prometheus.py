@@ -145,6 +145,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
 _BY_MEASUREMENT: Final = {
     m: tuple(f for f in FAMILIES if f.measurement == m) for m in {f.measurement for f in FAMILIES}
 }
+_CATALOGUE: Final = {f.name: f for f in FAMILIES}
 CLOCK_EVENT_FAMILY: Final = "polca_gpu_clock_event_active"
 DROPPED_FAMILY: Final = "polca_aggregator_messages_dropped_total"
 Labels = tuple[tuple[str, str], ...]
@@ -176,12 +177,11 @@ class _Series(Collector):
                 for key, (value, at_s) in self.values.items()
                 if now - at_s <= self.stale_after_s
             }
-        catalogue = {f.name: f for f in FAMILIES}
         by_family: dict[str, list[tuple[Labels, float]]] = {}
         for (family, labels), value in fresh.items():
             by_family.setdefault(family, []).append((labels, value))
         for name, samples in sorted(by_family.items()):
-            spec = catalogue.get(name)
+            spec = _CATALOGUE.get(name)
             kind = spec.kind if spec else ("counter" if name.endswith("_total") else "gauge")
             help_text = spec.help if spec else _EXTRA_HELP.get(name, name)
             keys = [k for k, _ in samples[0][0]]
