@@ -3,7 +3,7 @@
 A broker holds poison on each topic the agent and the aggregator subscribe to (an integer
 of 5,000 digits, nesting 50,000 deep, a lone surrogate in an event, strings for numbers,
 ``true`` for the schema version, ``1e999``, a node speaking for another, a control with
-an epoch of 2**62 and a lease of 100 years, a 0 W meter reading, a YAML alias bomb in a
+an epoch of 2**62, the highest fencing term and a lease of 100 years, a 0 W meter reading, a YAML alias bomb in a
 policy bundle whose revision matches). Both daemons start on that broker, stay up, drop
 every poison with a reason, and still obey: a meter over T2 caps the agent's GPUs. Then
 the poison is published again, both restart, and the same holds.
@@ -91,6 +91,7 @@ def poison() -> dict[str, bytes]:
         scope="row",
         row=ROW,
         issuer="agg1",
+        term=2**63 - 1,  # the highest fencing term there is
         epoch_ns=2**62,
         seq=2**63 - 1,
         level=0,
