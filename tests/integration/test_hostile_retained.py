@@ -3,10 +3,11 @@
 A broker holds poison on each topic the agent and the aggregator subscribe to (an integer
 of 5,000 digits, nesting 50,000 deep, a lone surrogate in an event, strings for numbers,
 ``true`` for the schema version, ``1e999``, a node speaking for another, a control with
-an epoch of 2**62, the highest fencing term and a lease of 100 years, a 0 W meter reading, a YAML alias bomb in a
-policy bundle whose revision matches). Both daemons start on that broker, stay up, drop
-every poison with a reason, and still obey: a meter over T2 caps the agent's GPUs. Then
-the poison is published again, both restart, and the same holds.
+an epoch of 2**62, the highest fencing term and a lease of 100 years, a 0 W meter
+reading, a YAML alias bomb in a policy bundle whose revision matches). Both daemons start
+on that broker, stay up, drop every poison with a reason, and still obey: a meter over T2
+caps the agent's GPUs. Then the poison is published again, both restart, and the same
+holds.
 """
 
 from __future__ import annotations
