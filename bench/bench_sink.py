@@ -60,7 +60,7 @@ def _telemetry(points: int) -> list[Any]:
 
 
 def _points(messages: list[Any]) -> list[Any]:
-    from polca.aggregator.points import gpu_points
+    from polca.export.gpus import gpu_points
 
     return [p for m in messages for p in gpu_points(m, site="s", row="r", rack="k1")]
 
@@ -96,7 +96,7 @@ def _sink(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
     from polca import logs
-    from polca.aggregator.points import gpu_points
+    from polca.export.gpus import gpu_points
     from polca.export.influx import make_sink
     from polca.settings import InfluxSettings
 

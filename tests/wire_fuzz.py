@@ -33,6 +33,7 @@ from polca.telemetry.schema import (
     CoolingLoopState,
     Event,
     GpuCaps,
+    GpuHealthReport,
     GpuTelemetry,
     LeakDetector,
     LoopAlarm,
@@ -82,6 +83,25 @@ def _gpu(index: int) -> GpuTelemetry:
         clock_event_reasons=4,
         clock_events=("sw_power_cap",),
         locked_sm_clock_max_mhz=1500,
+        health=GpuHealthReport(
+            xid_errors=1,
+            last_xid=79,
+            ecc_corrected_volatile=3,
+            ecc_uncorrected_volatile=0,
+            ecc_corrected_aggregate=30,
+            ecc_uncorrected_aggregate=1,
+            retired_pages_sbe=0,
+            retired_pages_dbe=0,
+            retired_pages_pending=0,
+            remapped_rows_correctable=2,
+            remapped_rows_uncorrectable=0,
+            row_remap_pending=0,
+            row_remap_failure=0,
+            pcie_replays=12,
+            power_brake_s=0.5,
+            hw_thermal_slowdown_s=0.0,
+            sw_thermal_slowdown_s=1.25,
+        ),
     )
 
 
@@ -98,7 +118,9 @@ def valid_messages() -> dict[str, BaseModel]:
             node_energy_delta_j=1000.0,
             level=2,
             gpus=(_gpu(0), _gpu(1)),
-            health=AgentHealth(ticks=10, tick_p99_ms=0.5, gpu_call_p99_ms=0.1, clock_skew_s=0.01),
+            health=AgentHealth(
+                ticks=10, tick_p99_ms=0.5, gpu_call_p99_ms=0.1, gpu_errors=2, clock_skew_s=0.01
+            ),
         ),
         "status": Status(
             ts_ns=T0,

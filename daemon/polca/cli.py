@@ -306,22 +306,28 @@ async def _aggregator_main(settings: Any, *, duration_s: float | None) -> None:
 
     sink = make_sink(settings.influx, state_dir=settings.state_dir)
     sinks: list[Any] = [sink] if sink is not None else []
-    if settings.metrics.address:
-        from polca.export.prometheus import PrometheusSink  # noqa: PLC0415
-
-        metrics = settings.metrics
-        sinks.append(
-            PrometheusSink(
-                metrics.address,
-                max_series=metrics.max_series,
-                stale_after_s=metrics.stale_after_s,
-            )
-        )
+    sinks.extend(_metrics_sinks(settings.metrics))
     aggregator = Aggregator(settings, sinks=sinks)
     aiokit.install_signal_handlers(aggregator.stop_requested, aggregator.reload_requested)
     if duration_s is not None:
         asyncio.get_running_loop().call_later(duration_s, aggregator.stop_requested.set)
     await aggregator.run()
+
+
+def _metrics_sinks(metrics: Any, *, snapshots: frozenset[str] = frozenset()) -> list[Any]:
+    """The Prometheus sink ``metrics.address`` asks for (none when unset)."""
+    if not metrics.address:
+        return []
+    from polca.export.prometheus import PrometheusSink  # noqa: PLC0415
+
+    return [
+        PrometheusSink(
+            metrics.address,
+            max_series=metrics.max_series,
+            stale_after_s=metrics.stale_after_s,
+            snapshots=snapshots,
+        )
+    ]
 
 
 def _gpu_probe(args: argparse.Namespace) -> int:
@@ -468,6 +474,9 @@ async def _agent_main(settings: Any, *, duration_s: float | None, embedded_broke
             settings,
             backend=registry.make_backend(settings.gpu),
             policy_store=PolicyStore(settings.agent.policy_file),
+            # The caps and their reasons are written whole each interval: a changed reason
+            # replaces its series at once.
+            sinks=_metrics_sinks(settings.metrics, snapshots=frozenset({"gpu_cap"})),
         )
         aiokit.install_signal_handlers(agent.stop_requested, agent.reload_requested)
         if duration_s is not None:

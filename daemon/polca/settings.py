@@ -145,6 +145,13 @@ class AgentSettings(_Group):
     publish_interval_s: float = Field(
         1.0, gt=0, description="Telemetry period: one message per node per interval."
     )
+    health_every_s: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="GPU health counters are read every telemetry interval and sent when "
+        "they change, and at least this often.",
+    )
     policy_file: Path = Field(
         Path("/etc/polca/policy.yaml"), description="Node policy file (hot reloaded)."
     )
@@ -290,6 +297,10 @@ class ProcessSettings(BaseSettings):
 
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    metrics: MetricsSettings = Field(
+        default_factory=MetricsSettings,
+        description="Prometheus /metrics of this process (off by default).",
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -185,3 +185,19 @@ def test_a_budget_of_zero_counts_as_exceeded(policy: Policy) -> None:
         trend_w_per_s=None,
     )
     assert decision.level == policy.top_level
+
+
+def test_brakes_count_entries_into_the_top_level(policy: Policy) -> None:
+    """Each rise into the brake counts once; holding it or a lower level does not."""
+    ctl = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=1)
+    top = policy.top_level
+    assert _step(ctl, policy, 90, 0) == 2
+    assert ctl.brakes == 0
+    assert _step(ctl, policy, 99, 1) == top
+    assert _step(ctl, policy, 99, 2) == top
+    assert ctl.brakes == 1
+    for t in range(3, 200):  # back down to nominal
+        _step(ctl, policy, 50, t)
+    assert ctl.published_level == 0
+    assert _step(ctl, policy, 99, 200) == top
+    assert ctl.brakes == 2

@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from polca.aggregator import points
 from polca.errors import BatchRejectedError, ConfigError, FatalError, InfluxUnavailableError
 from polca.export import spool
+from polca.export.gpus import gpu_points
 from polca.export.influx import InfluxSink, resolve_token
 from polca.export.points import Point
 from polca.export.sink import MemorySink, Sink
@@ -131,7 +132,7 @@ async def test_v2_writes_gpu_and_row_points_to_victoria_metrics(
     )
     sink = InfluxSink(_settings(victoria_metrics.url))
     async with _running(sink):
-        sink.write(points.gpu_points(telemetry, site="s1", row="r1", rack="k1"))
+        sink.write(gpu_points(telemetry, site="s1", row="r1", rack="k1"))
         sink.write(_row_points(0, 250))
         await _until(lambda: sink.stats.points_written == 258)
     power = victoria_metrics.export('{__name__="gpu_power_w"}')

@@ -18,6 +18,7 @@ from polca.aggregator import points
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import LoopSpec
 from polca.cooling.supervisor import LoopAssessment, LoopSupervisor
+from polca.export import gpus
 from polca.export.points import (
     SCHEMA,
     AnyPoint,
@@ -143,7 +144,7 @@ def _assert_matches_schema(point: AnyPoint) -> None:
 def test_gpu_points_follow_schema() -> None:
     """Every gpu field of a full telemetry message is in SCHEMA with its declared type."""
     telemetry = _telemetry((_gpu(0), _gpu(1)))
-    built = points.gpu_points(telemetry, site="s1", row="r1", rack="k1")
+    built = gpus.gpu_points(telemetry, site="s1", row="r1", rack="k1")
     assert len(built) == 2
     for point in built:
         _assert_matches_schema(point)
@@ -162,7 +163,7 @@ def test_gpu_points_follow_schema() -> None:
 def test_gpu_point_of_lost_gpu_leaves_missing_readings_out() -> None:
     """A lost GPU is flagged and its missing readings are absent, not zero."""
     gpu = GpuTelemetry(index=3, uuid="GPU-3", name="A100", state="lost", priority_class=None)
-    (point,) = points.gpu_points(_telemetry((gpu,)), site="s", row="r", rack="k")
+    (point,) = gpus.gpu_points(_telemetry((gpu,)), site="s", row="r", rack="k")
     assert point.fields == {"lost": 1.0}
     assert "class=" not in point.to_line()
 
@@ -658,6 +659,6 @@ def test_template_refuses_unknown_names_and_text_fields() -> None:
 def test_gpu_points_encode_as_points_built_field_by_field() -> None:
     """The templated gpu points write the same lines as the general Point would."""
     for gpu in (_gpu(0), _gpu(1, locked_sm_clock_max_mhz=None, power_avg_w=None)):
-        (templated,) = points.gpu_points(_telemetry((gpu,)), site="s1", row="r1", rack="k 1")
+        (templated,) = gpus.gpu_points(_telemetry((gpu,)), site="s1", row="r1", rack="k 1")
         plain = Point("gpu", templated.tags, templated.fields, templated.ts_ns)
         assert _parsed(templated.to_line()) == _parsed(plain.to_line())

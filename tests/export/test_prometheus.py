@@ -6,10 +6,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from polca.aggregator import points
-from polca.export.points import make_point
+from polca.export import gpus
+from polca.export.points import AnyPoint, make_point
 from polca.export.prometheus import PrometheusSink
 from polca.gpu.backend import CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN, CLOCK_EVENT_SW_POWER_CAP
-from polca.telemetry.schema import Telemetry
+from polca.telemetry.schema import GpuHealthReport, Telemetry
 from tests.export.test_points import TS_NS, _gpu
 from tests.export.test_points import _telemetry as telemetry_of
 
@@ -49,7 +50,7 @@ def test_gpu_points_become_base_unit_families_with_prometheus_labels() -> None:
     telemetry = _telemetry(
         power_mean_w=412.5, sm_clock_mhz=1410, gpu_util_pct=75.0, clock_event_reasons=mask
     )
-    sink.write(points.gpu_points(telemetry, site="s1", row="row1", rack="rack1"))
+    sink.write(gpus.gpu_points(telemetry, site="s1", row="row1", rack="rack1"))
     metrics = _scrape(sink)
     ((labels, watts),) = metrics["polca_gpu_power_watts"]
     assert watts == 412.5
@@ -133,3 +134,71 @@ def test_every_family_is_documented() -> None:
     )
     for name in [*(f.name for f in FAMILIES), CLOCK_EVENT_FAMILY, DROPPED_FAMILY]:
         assert f"`{name}`" in text, name
+
+
+def test_series_without_a_tag_keep_their_labels_apart() -> None:
+    """A GPU without a class and one with a class: each value keeps its own labels."""
+    sink = PrometheusSink("127.0.0.1:0", clock=_Clock())
+    telemetry = telemetry_of(
+        (_gpu(0, power_mean_w=100.0, priority_class=None), _gpu(1, power_mean_w=200.0))
+    )
+    sink.write(gpus.gpu_points(telemetry, site="s1", row="row1", rack="rack1"))
+    by_gpu = {labels["gpu"]: (labels, v) for labels, v in _scrape(sink)["polca_gpu_power_watts"]}
+    assert by_gpu["0"][1] == 100.0
+    assert by_gpu["1"][1] == 200.0
+    assert by_gpu["0"][0]["node"] == by_gpu["1"][0]["node"]
+    assert "class" not in by_gpu["0"][0] or by_gpu["0"][0]["class"] == ""
+
+
+def test_a_snapshot_measurement_replaces_its_series() -> None:
+    """gpu_cap is written whole: a cap whose reason changed leaves no series behind."""
+    sink = PrometheusSink("127.0.0.1:0", clock=_Clock(), snapshots=frozenset({"gpu_cap"}))
+
+    def cap(reason: str, mhz: float) -> list[AnyPoint]:
+        tags = {
+            "site": "s",
+            "row": "r",
+            "rack": "k",
+            "node": "n",
+            "gpu_uuid": "GPU-1",
+            "gpu_index": "0",
+            "class": "low",
+            "clock_reason": reason,
+            "power_reason": "none",
+        }
+        fields = {"sm_clock_max_mhz": mhz, "applied": 1.0}
+        return [make_point("gpu_cap", ts_ns=TS_NS, tags=tags, fields=fields)]
+
+    sink.write(cap("level:T1", 1275))
+    sink.write(cap("level:T2", 1110))
+    ((labels, hertz),) = _scrape(sink)["polca_gpu_cap_sm_clock_hertz"]
+    assert (labels["clock_reason"], hertz) == ("level:T2", 1110e6)
+
+
+def test_health_counters_become_labelled_families() -> None:
+    """ECC counts by type and counter, throttle seconds by reason, the last XID."""
+    sink = PrometheusSink("127.0.0.1:0", clock=_Clock())
+    health = GpuHealthReport(
+        xid_errors=2,
+        last_xid=48,
+        ecc_corrected_volatile=5,
+        ecc_uncorrected_volatile=1,
+        ecc_corrected_aggregate=50,
+        ecc_uncorrected_aggregate=3,
+        power_brake_s=1.5,
+    )
+    telemetry = telemetry_of((_gpu(0, health=health), _gpu(1)))
+    sink.write(gpus.gpu_health_points(telemetry, site="s1", row="row1", rack="rack1"))
+    metrics = _scrape(sink)
+    assert [v for _, v in metrics["polca_gpu_xid_errors_total"]] == [2.0]  # GPU 0 only
+    assert [v for _, v in metrics["polca_gpu_last_xid"]] == [48.0]
+    ecc = {(lb["type"], lb["counter"]): v for lb, v in metrics["polca_gpu_ecc_errors_total"]}
+    assert ecc == {
+        ("corrected", "volatile"): 5.0,
+        ("uncorrected", "volatile"): 1.0,
+        ("corrected", "aggregate"): 50.0,
+        ("uncorrected", "aggregate"): 3.0,
+    }
+    ((labels, seconds),) = metrics["polca_gpu_throttle_seconds_total"]
+    assert (labels["reason"], seconds) == ("hw_power_brake_slowdown", 1.5)
+    assert "polca_gpu_pcie_replays_total" not in metrics  # unsupported: absent, not zero

@@ -74,6 +74,23 @@ _INT_KEYS = frozenset(
         "locked_max_mhz",
         "clock_event_reasons",
         "pci_device_id",
+        "ecc_sbe_vol",
+        "ecc_dbe_vol",
+        "ecc_sbe_agg",
+        "ecc_dbe_agg",
+        "retired_sbe",
+        "retired_dbe",
+        "retired_pending",
+        "pcie_replay",
+        "remapped_cor",
+        "remapped_unc",
+        "remapped_pending",
+        "remapped_failure",
+        "sw_thermal_ns",
+        "hw_thermal_ns",
+        "power_brake_ns",
+        "xid_count",
+        "xid_code",
     }
 )
 GPU_KEYS = _STRING_KEYS | _LIST_KEYS | _INT_KEYS
@@ -314,6 +331,15 @@ class FakeNvml:
         known = [v for v in limits if isinstance(v, int)]
         state["enforced_limit_mw"] = min(known) if known else None
         return state
+
+    def xid(self, gpu: int, code: int) -> None:
+        """One XID event of ``code`` on GPU ``gpu``, for every event set it is registered in."""
+        with self._locked():
+            lines = self._read()
+            key = f"gpu.{gpu}.xid_count"
+            lines[key] = str(int(lines.get(key, "0"), 0) + 1)
+            lines[f"gpu.{gpu}.xid_code"] = str(code)
+            self._write(lines)
 
     def inject(self, function: str, code: int, *, gpu: int | None = None) -> None:
         """Make ``function`` return ``code`` (on one GPU, or everywhere); 0 clears it."""

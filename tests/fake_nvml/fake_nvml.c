@@ -24,6 +24,12 @@
  *   gpu.<i>.error CODE      every call on that GPU (handle lookup included) returns CODE
  *   gpu.<i>.fail.<function> CODE, gpu.<i>.field_fail.<field id> CODE
  *
+ * Health counters: gpu.<i>.ecc_{sbe,dbe}_{vol,agg}, retired_{sbe,dbe,pending}, pcie_replay,
+ * remapped_{cor,unc,pending,failure}, {sw,hw}_thermal_ns and power_brake_ns are the field
+ * values NVML reads by id (3-6, 29-31, 94, 142-145, 269-271). XID events: each rise of
+ * gpu.<i>.xid_count is one event of code gpu.<i>.xid_code for every event set the GPU is
+ * registered in (counted from its count at registration); xid_count none: no XID events.
+ *
  * Physics (deliberately trivial): enforced limit = min(power_limit_mw, external_limit_mw);
  * reported power = min(configured power, enforced limit); reported SM clock = configured
  * clock clamped into the locked range. Clock event reasons gain SW_POWER_CAP (0x4) while
@@ -148,7 +154,12 @@ typedef struct {
     X(nvmlDeviceSetPowerManagementLimit)                                                     \
     X(nvmlDeviceSetPowerManagementLimit_v2)                                                  \
     X(nvmlDeviceSetGpuLockedClocks)                                                          \
-    X(nvmlDeviceResetGpuLockedClocks)
+    X(nvmlDeviceResetGpuLockedClocks)                                                        \
+    X(nvmlEventSetCreate)                                                                    \
+    X(nvmlEventSetFree)                                                                      \
+    X(nvmlEventSetWait_v2)                                                                   \
+    X(nvmlDeviceRegisterEvents)                                                              \
+    X(nvmlDeviceGetSupportedEventTypes)
 
 #define AS_ENUM(name) FN_##name,
 #define AS_NAME(name) #name,
@@ -176,6 +187,23 @@ typedef struct {
     long long locked_max_mhz;
     long long clock_event_reasons;
     long long pci_device_id;
+    long long ecc_sbe_vol;
+    long long ecc_dbe_vol;
+    long long ecc_sbe_agg;
+    long long ecc_dbe_agg;
+    long long retired_sbe;
+    long long retired_dbe;
+    long long retired_pending;
+    long long pcie_replay;
+    long long remapped_cor;
+    long long remapped_unc;
+    long long remapped_pending;
+    long long remapped_failure;
+    long long sw_thermal_ns;
+    long long hw_thermal_ns;
+    long long power_brake_ns;
+    long long xid_count;
+    long long xid_code;
     char name[96];
     char uuid[96];
     char pci_bus_id[32];
@@ -205,6 +233,23 @@ static const struct {
     NUMERIC(power_limit_default_mw), NUMERIC(external_limit_mw),
     NUMERIC(locked_min_mhz),    NUMERIC(locked_max_mhz),
     NUMERIC(clock_event_reasons), NUMERIC(pci_device_id),
+    NUMERIC(ecc_sbe_vol),
+    NUMERIC(ecc_dbe_vol),
+    NUMERIC(ecc_sbe_agg),
+    NUMERIC(ecc_dbe_agg),
+    NUMERIC(retired_sbe),
+    NUMERIC(retired_dbe),
+    NUMERIC(retired_pending),
+    NUMERIC(pcie_replay),
+    NUMERIC(remapped_cor),
+    NUMERIC(remapped_unc),
+    NUMERIC(remapped_pending),
+    NUMERIC(remapped_failure),
+    NUMERIC(sw_thermal_ns),
+    NUMERIC(hw_thermal_ns),
+    NUMERIC(power_brake_ns),
+    NUMERIC(xid_count),
+    NUMERIC(xid_code),
 #undef NUMERIC
 };
 #define N_NUMERIC (sizeof(numeric_fields) / sizeof(numeric_fields[0]))
@@ -940,6 +985,21 @@ static void field_value(const gpu_t *g, nvmlFieldValue_t *v, long long timestamp
     case 190: value = enforced_limit(g); break;
     case 191: value = g->energy_mj; type = VT_ULL; break;
     case 192: value = g->power_limit_mw; break;
+    case 3: value = g->ecc_sbe_vol; type = VT_ULL; break;
+    case 4: value = g->ecc_dbe_vol; type = VT_ULL; break;
+    case 5: value = g->ecc_sbe_agg; type = VT_ULL; break;
+    case 6: value = g->ecc_dbe_agg; type = VT_ULL; break;
+    case 29: value = g->retired_sbe; type = VT_ULL; break;
+    case 30: value = g->retired_dbe; type = VT_ULL; break;
+    case 31: value = g->retired_pending; break;
+    case 94: value = g->pcie_replay; break;
+    case 142: value = g->remapped_cor; break;
+    case 143: value = g->remapped_unc; break;
+    case 144: value = g->remapped_pending; break;
+    case 145: value = g->remapped_failure; break;
+    case 269: value = g->sw_thermal_ns; type = VT_ULL; break;
+    case 270: value = g->hw_thermal_ns; type = VT_ULL; break;
+    case 271: value = g->power_brake_ns; type = VT_ULL; break;
     default: break;
     }
     if (value == NONE) {
@@ -1194,4 +1254,95 @@ EXPORT nvmlReturn_t nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device) {
     g->locked_max_mhz = 0;
     commit_and_unlock(fd);
     return leave(NVML_SUCCESS);
+}
+
+/* ---- NVML: events (XID) ----------------------------------------------------------------- */
+
+#define EVENT_TYPE_XID 0x8ULL
+#define NVML_ERROR_TIMEOUT_CODE 10
+
+typedef struct {
+    int registered[MAX_GPUS];
+    long long delivered[MAX_GPUS];
+} fake_event_set_t;
+typedef fake_event_set_t *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    nvmlReturn_t rc = enter(FN_nvmlEventSetCreate);
+    if (rc != NVML_SUCCESS) {
+        return leave(rc);
+    }
+    if (set == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    *set = calloc(1, sizeof(fake_event_set_t));
+    return leave(*set == NULL ? 999 : NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    nvmlReturn_t rc = enter(FN_nvmlEventSetFree);
+    if (rc != NVML_SUCCESS) {
+        return leave(rc);
+    }
+    free(set);
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                     unsigned long long *types) {
+    DEVICE_CALL(nvmlDeviceGetSupportedEventTypes)
+    if (types == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    *types = g->xid_count == NONE ? 0 : EVENT_TYPE_XID;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
+                                             nvmlEventSet_t set) {
+    DEVICE_CALL(nvmlDeviceRegisterEvents)
+    if (set == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if ((types & EVENT_TYPE_XID) == 0 || g->xid_count == NONE) {
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    }
+    set->registered[device->index] = 1;
+    set->delivered[device->index] = g->xid_count;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                        unsigned int timeout_ms) {
+    nvmlReturn_t rc = enter(FN_nvmlEventSetWait_v2);
+    if (rc != NVML_SUCCESS) {
+        return leave(rc);
+    }
+    if (set == NULL || data == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    for (int i = 0; i < state.count && i < MAX_GPUS; i++) {
+        const gpu_t *g = &state.gpus[i];
+        if (!set->registered[i] || g->xid_count == NONE || g->xid_count <= set->delivered[i]) {
+            continue;
+        }
+        set->delivered[i]++;
+        handles[i].index = i;
+        data->device = &handles[i];
+        data->eventType = EVENT_TYPE_XID;
+        data->eventData = (unsigned long long)g->xid_code;
+        data->gpuInstanceId = 0xFFFFFFFFu;
+        data->computeInstanceId = 0xFFFFFFFFu;
+        return leave(NVML_SUCCESS);
+    }
+    (void)timeout_ms; /* nothing waits: a test raises xid_count before it reads */
+    return leave(NVML_ERROR_TIMEOUT_CODE);
 }

@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from polca.errors import GpuLostError, GpuPermissionError, GpuTransientError
-from polca.gpu.backend import Capabilities, GpuInfo, GpuSample
+from polca.gpu.backend import Capabilities, GpuHealth, GpuInfo, GpuSample
 from polca.gpu.simulated import SimulatedBackend
 from polca.gpu.threaded import THREAD_NAME_PREFIX, ThreadedGpu
 
@@ -47,6 +47,13 @@ class RecordingBackend:
     def sample(self, index: int) -> GpuSample:
         self._enter(f"sample:{index}")
         return GpuSample(index=index, uuid=f"GPU-{index}", ts_ns=0)
+
+    def health(self, index: int) -> GpuHealth:
+        self._enter(f"health:{index}")
+        if index == 1:
+            msg = "GPU 1 fell off the bus"
+            raise GpuLostError(msg, index=1)
+        return GpuHealth(index=index, uuid=f"GPU-{index}", xid_errors=0)
 
     def check_write_access(self) -> None:
         self._enter("check_write_access")
@@ -230,3 +237,18 @@ def test_timeouts_must_be_positive() -> None:
     """A zero timeout is rejected at construction."""
     with pytest.raises(ValueError, match="positive"):
         ThreadedGpu(RecordingBackend(), call_timeout_s=0)
+
+
+async def test_health_all_reads_on_the_worker_and_counts_errors() -> None:
+    """health_all is one hop to the GPU thread; a GPU's failure is its result and counted."""
+    backend = RecordingBackend()
+    async with ThreadedGpu(backend) as gpu:
+        results = await gpu.health_all([0, 1, 2])
+        assert isinstance(results[0], GpuHealth)
+        assert isinstance(results[1], GpuLostError)
+        assert isinstance(results[2], GpuHealth)
+        assert gpu.stats()["errors"] == 1
+        assert {t for c, t in backend.calls if c.startswith("health")} == {
+            t for _, t in backend.calls
+        }
+        assert all(t.startswith(THREAD_NAME_PREFIX) for _, t in backend.calls)

@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,15 @@ def _test_policy(tmp_path: Path) -> Path:
 class Cluster:
     """Two agents on two fake nodes and one aggregator, on one broker."""
 
-    def __init__(self, tmp_path: Path, broker: MosquittoProcess, lib: Path) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        broker: MosquittoProcess,
+        lib: Path,
+        *,
+        agent_extra: Mapping[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """``agent_extra``: per node, settings groups merged into its configuration."""
         self.tmp_path = tmp_path
         self.broker = broker
         self.policy = _test_policy(tmp_path)
@@ -73,6 +81,7 @@ class Cluster:
                     startup_grace_s=60,
                     node=name,
                     rack=rack,
+                    extra=(agent_extra or {}).get(name),
                 )
         self.aggregator = self.new_aggregator()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from tests.integration.rig import mqtt_probe
 from tests.integration.test_aggregator_e2e import BUDGET_W, Cluster, _meter, _until_level
@@ -78,8 +79,95 @@ async def test_prometheus_scrapes_row_node_gpu_and_health_families(
             ]
             groups = (await asyncio.to_thread(prometheus.api, "/api/v1/rules"))["groups"]
             rules = [rule for group in groups for rule in group["rules"]]
-            assert len(rules) == 9
+            assert len(rules) == 14
             assert {rule["health"] for rule in rules} == {"ok"}
     finally:
         cluster.kill_all()
         prometheus.kill()
+
+
+async def test_prometheus_scrapes_the_agents_and_an_xid_fires_its_alert(
+    tmp_path: Path, mosquitto: MosquittoProcess, fake_nvml_lib: Path
+) -> None:
+    """Prometheus scrapes both agents and the aggregator: the caps in force with the policy
+    source that won them, the level and the lease on each agent, the GPUs' health counters
+    on both paths; an XID on one fake GPU fires ``PolcaGpuXid`` naming its code, and no
+    other alert is raised."""
+    ports = {name: free_port() for name in ("node1", "node2", "aggregator")}
+    metrics = {n: {"metrics": {"address": f"127.0.0.1:{ports[n]}"}} for n in ("node1", "node2")}
+    cluster = Cluster(tmp_path, mosquitto, fake_nvml_lib, agent_extra=metrics)
+    cluster.aggregator = cluster.new_aggregator(
+        extra={"metrics": {"address": f"127.0.0.1:{ports['aggregator']}"}}
+    )
+    prometheus = PrometheusProcess(
+        tmp_path / "prometheus",
+        targets=[f"127.0.0.1:{port}" for port in ports.values()],
+        rule_files=[RULES],
+    )
+    try:
+        await asyncio.to_thread(prometheus.start)
+        async with mqtt_probe(mosquitto) as probe:
+            for agent in cluster.agents.values():
+                agent.start()
+            cluster.aggregator.start()
+            await cluster.aggregator.wait_log("aggregator_warm", timeout_s=20)
+            for _ in range(25):
+                await _meter(probe, cluster.aggregator.meter_topic, 85.0)
+                await asyncio.sleep(0.2)
+            await _until_level(probe, 1)
+            for _ in range(10):
+                await _meter(probe, cluster.aggregator.meter_topic, 85.0)
+                await asyncio.sleep(0.2)
+            await _check_agent_families(prometheus, ports)
+            # An XID on node2's GPU 3 reaches the agent's /metrics and, with the next
+            # telemetry, the aggregator's; the alert fires (it has no hold time).
+            await asyncio.to_thread(cluster.nodes["node2"].xid, 3, 79)
+            alerts: list[dict[str, Any]] = []
+            for _ in range(80):
+                await _meter(probe, cluster.aggregator.meter_topic, 85.0)
+                alerts = (await asyncio.to_thread(prometheus.api, "/api/v1/alerts"))["alerts"]
+                if any(a["state"] == "firing" for a in alerts):
+                    break
+                await asyncio.sleep(0.25)
+            firing = [a for a in alerts if a["state"] == "firing"]
+            assert [a["labels"]["alertname"] for a in firing] == ["PolcaGpuXid"]
+            assert (firing[0]["labels"]["node"], firing[0]["labels"]["gpu"]) == ("node2", "3")
+            assert firing[0]["annotations"]["summary"] == "GPU 3 of node node2 reported XID 79"
+            both = 'count(polca_gpu_xid_errors_total{node="node2",gpu="3"} == 1) == 2'
+            assert await asyncio.to_thread(prometheus.wait_for, both)  # agent and aggregator
+            assert await cluster.agents["node2"].wait_log("gpu_xid", timeout_s=5)
+    finally:
+        cluster.kill_all()
+        prometheus.kill()
+
+
+async def _check_agent_families(prometheus: PrometheusProcess, ports: dict[str, int]) -> None:
+    """At T1: the agents' level, lease, caps and counters, and the health series."""
+    level = await asyncio.to_thread(prometheus.wait_for, "polca_agent_level == 1")
+    assert {s["metric"]["node"] for s in level} == {"node1", "node2"}
+    lease = await asyncio.to_thread(
+        prometheus.query, "polca_agent_lease_remaining_seconds / polca_agent_lease_seconds"
+    )
+    assert len(lease) == 2
+    assert all(0.5 < float(s["value"][1]) <= 1.0 for s in lease)
+    caps = await asyncio.to_thread(
+        prometheus.wait_for, 'polca_gpu_cap_sm_clock_hertz{clock_reason!="none"}'
+    )
+    assert len(caps) == 8  # the 4 low-priority GPUs of each node are capped at T1
+    assert {s["metric"]["clock_reason"] for s in caps} == {"level:T1"}
+    assert {s["metric"]["gpu"] for s in caps} == {"4", "5", "6", "7"}
+    applied = await asyncio.to_thread(prometheus.query, "sum(polca_gpu_cap_applied)")
+    assert float(applied[0]["value"][1]) == 16
+    for name in ("polca_agent_gpu_errors_total", "polca_agent_outbox_dropped_total"):
+        series = await asyncio.to_thread(prometheus.query, name)
+        assert [float(s["value"][1]) for s in series] == [0.0, 0.0], name
+    xids = await asyncio.to_thread(
+        prometheus.wait_for, 'polca_gpu_xid_errors_total{node="node2",gpu="3"}'
+    )
+    where = {s["metric"]["instance"] for s in xids}
+    assert where == {f"127.0.0.1:{ports['node2']}", f"127.0.0.1:{ports['aggregator']}"}
+    assert all(float(s["value"][1]) == 0 for s in xids)
+    ecc = await asyncio.to_thread(
+        prometheus.query, 'count(polca_gpu_ecc_errors_total{node="node1"})'
+    )
+    assert float(ecc[0]["value"][1]) == 2 * 8 * 4  # agent and aggregator, 4 per GPU

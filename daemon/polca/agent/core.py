@@ -31,8 +31,9 @@ import structlog
 from polca.agent import messages
 from polca.agent.actuator import ApplyResult
 from polca.agent.control import REFUSED, ControlTracker
+from polca.agent.gpu_health import HealthTracker
 from polca.errors import GpuError, GpuLostError, PolicyError, SchemaError
-from polca.gpu.backend import GpuInfo, GpuSample
+from polca.gpu.backend import GpuHealth, GpuInfo, GpuSample
 from polca.policy import (
     ControlInput,
     Decision,
@@ -113,6 +114,7 @@ class AgentCore:
         # changed a limit (older ones may predate polca's own write).
         self.fresh: dict[int, GpuSample] = {}
         self.lost: dict[int, float] = {}  # index -> loop time of the last attempt
+        self.health = HealthTracker(every_s=settings.health_every_s)
         self.runtime_classes: dict[str, str] = {}  # uuid or index -> class (MQTT assignment)
         self.engine_state = EngineState()
         self.decision: Decision | None = None
@@ -182,6 +184,14 @@ class AgentCore:
         self.latest.update(samples)
         self.fresh.update(samples)
         return samples
+
+    def note_health(self, indices: Sequence[int], results: Sequence[GpuHealth | GpuError]) -> None:
+        """Take one round of health readings; a new XID is logged and published as an event."""
+        for xid in self.health.note(dict(zip(indices, results, strict=True))):
+            self.log.error(
+                "gpu_xid", gpu=xid.index, uuid=xid.uuid, xid=xid.last_xid, count=xid.count
+            )
+            self.event("gpu_xid", gpu=xid.index, xid=xid.last_xid, count=xid.count)
 
     def mark_lost(self, index: int, error: str, now_s: float) -> None:
         """GPU ``index`` is gone (logged and published once); retried later."""

@@ -22,6 +22,7 @@ from polca.telemetry.schema import (
     AgentHealth,
     Event,
     GpuCaps,
+    GpuHealthReport,
     State,
     Status,
     Telemetry,
@@ -143,6 +144,7 @@ class Health:
     gpu_call_p99_ms: float | None
     bus: BusStats | None
     rejected: int
+    gpu_errors: int = 0
 
     @classmethod
     def of(
@@ -153,6 +155,7 @@ class Health:
         gpu_call_p99_s: float | None,
         bus: BusStats | None,
         rejected: int,
+        gpu_errors: int = 0,
     ) -> Health:
         """From the raw counters: the p99 of the recent tick durations, in ms."""
         ordered = sorted(tick_durations_s)
@@ -162,7 +165,7 @@ class Health:
             else None
         )
         call_p99_ms = round(gpu_call_p99_s * 1000, 3) if gpu_call_p99_s is not None else None
-        return cls(ticks, tick_p99_ms, call_p99_ms, bus, rejected)
+        return cls(ticks, tick_p99_ms, call_p99_ms, bus, rejected, gpu_errors)
 
 
 def telemetry(
@@ -173,14 +176,16 @@ def telemetry(
     interval_s: float,
     health: Health,
     now_ns: int,
+    gpu_health: Mapping[int, GpuHealthReport] | None = None,
 ) -> tuple[Telemetry, OutMessage]:
-    """One telemetry message of the node from the samples ``window`` folded, to publish."""
+    """One telemetry message of the node from the samples ``window`` folded, to publish;
+    ``gpu_health`` are the GPUs' health counters due in it (``HealthTracker.due``)."""
     locks = {
         index: setting.sm_clocks_mhz[1] if setting.sm_clocks_mhz else None
         for index, setting in applied.items()
     }
     records, power_w, energy_j = window.drain(
-        classes=dict(core.gpu_classes()), lost=set(core.lost), locks=locks
+        classes=dict(core.gpu_classes()), lost=set(core.lost), locks=locks, health=gpu_health
     )
     decision = core.decision
     bus = health.bus
@@ -202,6 +207,7 @@ def telemetry(
             inbox_dropped=bus.inbox_dropped if bus else 0,
             control_rejected=health.rejected,
             reconnects=max(0, bus.connects - 1) if bus else 0,
+            gpu_errors=health.gpu_errors,
             clock_skew_s=core.skew_s,
         ),
     )

@@ -12,7 +12,9 @@ grace (nominal until the first control message) applies only after a clean, rest
 
 Tasks (all under ``aiokit.guard``): ``mqtt`` (the bus; outlives the rest so the final
 status goes out), ``sampler`` (10 Hz), ``controller`` (woken by each tick, accepted control
-message and policy change), ``publisher`` (telemetry), and ``polca.service``'s side
+message and policy change), ``publisher`` (reads the GPUs' health counters, publishes
+telemetry and hands the interval's points to the sinks: ``/metrics`` when
+``metrics.address`` is set), ``sinks`` (when any), and ``polca.service``'s side
 tasks. The bus hands each received message to ``handle_message`` on arrival (through
 ``core.receive``, which never raises).
 
@@ -36,10 +38,12 @@ from polca.agent import messages, policy_copy
 from polca.agent.actuator import ApplyResult
 from polca.agent.core import AgentCore
 from polca.agent.gpus import NodeGpus
+from polca.agent.points import agent_points
 from polca.agent.window import TelemetryWindow
 from polca.errors import GpuError
 from polca.exits import ExitRecord
-from polca.gpu.backend import GpuBackend, GpuSample
+from polca.export.sink import FanOut, Sink
+from polca.gpu.backend import GpuBackend, GpuHealth, GpuSample
 from polca.gpu.threaded import ThreadedGpu
 from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
@@ -62,8 +66,10 @@ class Agent:
         clock_ns: Callable[[], int] = time.time_ns,
         mono_ns: Callable[[], int] = time.monotonic_ns,
         bus_factory: BusFactory = MqttBus,
+        sinks: Sequence[Sink] = (),
     ) -> None:
         self.settings = settings
+        self.sinks = FanOut(sinks)
         self.policy_store = policy_store
         self.notifier = notifier or SystemdNotifier()
         self.clock_ns = clock_ns  # wall clock: stamps and display only
@@ -176,6 +182,7 @@ class Agent:
                     self._publish_telemetry_once,
                     first_after_s=a.publish_interval_s,
                 ),
+                **({"sinks": self.sinks.run()} if self.sinks else {}),
                 **service.side_tasks(
                     policy_file=a.policy_file,
                     debounce_s=a.policy_reload_debounce_s,
@@ -208,6 +215,8 @@ class Agent:
                     await self.bus.close(final=[self._status_message("offline", reason=reason)])
             except TimeoutError:
                 self.log.warning("final_status_not_sent")
+        if self.sinks:
+            await self.sinks.close(timeout_s=1.0)
 
     # ------------------------------------------------------------------ messages out
 
@@ -264,21 +273,39 @@ class Agent:
             self.notifier.status(self._status_line())
         return result
 
-    def _publish_telemetry_once(self) -> None:
+    async def _publish_telemetry_once(self) -> None:
+        await self.read_health()
         try:
-            self.publish_telemetry()
+            message = self.publish_telemetry()
         except ValueError as exc:  # pydantic's ValidationError: readings out of bounds
             self.core.drops.drop("telemetry_invalid", topic="telemetry", detail=str(exc))
+            return
+        if self.sinks:
+            self.write_points(message)
+
+    async def read_health(self) -> None:
+        """Read every GPU's health counters (once per telemetry interval)."""
+        indices = [i for i in sorted(self.core.infos) if i not in self.core.lost]
+        if not indices:
+            return
+        try:
+            results: Sequence[GpuHealth | GpuError] = await self.gpus.gpu.health_all(indices)
+        except GpuError as exc:  # the GPU thread is stuck: the counters wait for it
+            self.log.warning("gpu_health_unread", error=str(exc))
+            return
+        self.core.note_health(indices, results)
 
     def publish_telemetry(self) -> Telemetry:
         """Build and queue one telemetry message from the samples since the last one."""
         assert self.window is not None  # noqa: S101 - set in _startup
+        stats = self.gpus.gpu.stats()
         health = messages.Health.of(
             ticks=self.ticks,
             tick_durations_s=self.tick_durations_s,
-            gpu_call_p99_s=self.gpus.gpu.stats().get("latency_p99_s"),
+            gpu_call_p99_s=stats.get("latency_p99_s"),
             bus=self.bus.stats if self.bus is not None else None,
             rejected=self.core.drops.total,
+            gpu_errors=int(stats.get("errors", 0)),
         )
         message, out = messages.telemetry(
             self.core,
@@ -287,9 +314,24 @@ class Agent:
             interval_s=self.settings.agent.publish_interval_s,
             health=health,
             now_ns=self.clock_ns(),
+            gpu_health=self.core.health.due(asyncio.get_running_loop().time()),
         )
         self._publish(out)
         return message
+
+    def write_points(self, message: Telemetry) -> None:
+        """Hand the interval's points (GPUs, health, caps, the agent) to the sinks."""
+        self.sinks.write(
+            agent_points(
+                self.core,
+                message,
+                site=self.settings.topics.site,
+                health=self.core.health.reports,
+                gpu_errors=message.health.gpu_errors,
+                observe_only=self.settings.agent.observe_only,
+                now_mono_ns=self.mono_ns(),
+            )
+        )
 
     def handle_message(self, message: InMessage) -> None:
         """Act on one received message; count and drop a bad one. Never raises."""

@@ -12,6 +12,7 @@ power of 20 MW, a temperature of 500 C) is published as null, counted in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ import structlog
 from pydantic import ValidationError
 
 from polca.gpu.backend import GpuInfo, GpuSample, clock_event_names
-from polca.telemetry.schema import GpuTelemetry
+from polca.telemetry.schema import GpuHealthReport, GpuTelemetry
 
 _log = structlog.get_logger()
 # Fields that identify the GPU: never nulled (they come from discovery, not readings).
@@ -100,9 +101,16 @@ class TelemetryWindow:
         self._windows.setdefault(sample.index, _GpuWindow()).add(sample)
 
     def drain(
-        self, *, classes: dict[int, str], lost: set[int], locks: dict[int, int | None]
+        self,
+        *,
+        classes: dict[int, str],
+        lost: set[int],
+        locks: dict[int, int | None],
+        health: Mapping[int, GpuHealthReport] | None = None,
     ) -> tuple[list[GpuTelemetry], float, float]:
-        """Records for every GPU, the node's summed mean GPU power (W) and energy delta (J)."""
+        """Records for every GPU, the node's summed mean GPU power (W) and energy delta (J);
+        ``health`` are the GPUs' health counters due in this message."""
+        health = health or {}
         records: list[GpuTelemetry] = []
         total_w = 0.0
         total_j = 0.0
@@ -117,6 +125,7 @@ class TelemetryWindow:
                         name=info.name,
                         priority_class=classes.get(index),
                         state=state,
+                        health=health.get(index),
                     )
                 )
                 continue
@@ -154,6 +163,7 @@ class TelemetryWindow:
                 clock_event_reasons=win.reasons,
                 clock_events=clock_event_names(win.reasons or 0),
                 locked_sm_clock_max_mhz=locks.get(index),
+                health=health.get(index),
             )
             records.append(record)
             if record.power_mean_w is not None:

@@ -17,7 +17,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from polca.cooling.loops import CoolingSettings
-from polca.settings import InfluxSettings, MetricsSettings, ProcessSettings, read_secret
+from polca.settings import InfluxSettings, ProcessSettings, read_secret
 
 _NAME = r"^[A-Za-z0-9_.-]+$"
 RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator"})
@@ -216,10 +216,6 @@ class AggregatorSettings(ProcessSettings):
     ha: HaSettings = Field(
         default_factory=HaSettings,
         description="High availability: a leader per shard elected on etcd.",
-    )
-    metrics: MetricsSettings = Field(
-        default_factory=MetricsSettings,
-        description="Prometheus /metrics of the aggregator's series (off by default).",
     )
 
     @property

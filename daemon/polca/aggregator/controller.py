@@ -41,6 +41,8 @@ class ScopeDecision:
     power_pct: float
     thresholds_w: tuple[float, ...]
     audit: dict[str, Any]
+    brakes: int = 0
+    """The scope's brake entries since start (``ScopeController.brakes``)."""
 
 
 _REASON_CHARS = 512
@@ -71,6 +73,8 @@ class ScopeController:
     seq: int = 0
     seeded_from: int | None = None
     published_level: int = 0
+    brakes: int = 0
+    """How often this scope entered the policy's top level (the brake) since start."""
 
     @property
     def scope(self) -> Literal["row", "rack"]:
@@ -140,6 +144,8 @@ class ScopeController:
             trend_w_per_s=trend_w_per_s,
         )
         level = max(self.ladder.level, 0, min(floor_level, top))
+        if top > 0 and level == top > previous:
+            self.brakes += 1
         self.published_level = level
         self.seq += 1
         pct = 100.0 * power_w / budget_w
@@ -199,6 +205,7 @@ class ScopeController:
             power_pct=pct,
             thresholds_w=thresholds,
             audit=audit,
+            brakes=self.brakes,
         )
 
 

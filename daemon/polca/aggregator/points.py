@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Final
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import severity_rank
 from polca.cooling.supervisor import LoopAssessment
-from polca.export.points import SCHEMA, FieldValue, LineTemplate, Point, SeriesPoint, make_point
-from polca.telemetry.schema import Control, Event, Telemetry
+from polca.export.points import FieldValue, Point, make_point
+from polca.telemetry.schema import Control, Event
 
 if TYPE_CHECKING:
     from polca.aggregator.controller import ScopeDecision
@@ -25,63 +25,6 @@ if TYPE_CHECKING:
 
 _TEXT_MAX_CHARS: Final = 256
 """An event's text field, in characters."""
-
-
-_GPU_FIELDS: Final = tuple(SCHEMA["gpu"].fields)
-"""The ``gpu`` fields in ``SCHEMA``'s order: ``gpu_points`` fills its values in this order."""
-_GPU: Final = LineTemplate(
-    "gpu",
-    tag_keys=("class", "gpu_index", "gpu_uuid", "model", "node", "rack", "row", "site"),
-    fields=_GPU_FIELDS,
-)
-_INDEX_TEXT: Final = tuple(str(i) for i in range(1024))
-"""``GpuTelemetry.index`` is 0..1023."""
-
-
-def gpu_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[SeriesPoint]:
-    """One ``gpu`` point per GPU of a node's telemetry message (the sink's hot path).
-
-    ``power_w`` is the mean power over the publish interval (the last reading when the
-    agent sent no mean); ``lost`` is 1.0 for a GPU the agent reported lost. Missing
-    readings are left out, not written as zero. The wire schema has already typed every
-    value (floats, integers, never booleans), as ``LineTemplate`` requires.
-    """
-    ts_ns, node, point = telemetry.ts_ns, telemetry.node, _GPU.point
-    return [
-        point(
-            (
-                gpu.priority_class or "",
-                _INDEX_TEXT[gpu.index],
-                gpu.uuid,
-                gpu.name,
-                node,
-                rack,
-                row,
-                site,
-            ),
-            (
-                gpu.power_mean_w if gpu.power_mean_w is not None else gpu.power_w,
-                gpu.power_max_w,
-                gpu.power_avg_w,
-                gpu.energy_j,
-                gpu.energy_delta_j,
-                gpu.gpu_temp_c,
-                gpu.gpu_temp_max_c,
-                gpu.mem_temp_c,
-                gpu.sm_clock_mhz,
-                gpu.mem_clock_mhz,
-                gpu.gpu_util_pct,
-                gpu.mem_util_pct,
-                gpu.power_limit_w,
-                gpu.enforced_power_limit_w,
-                gpu.locked_sm_clock_max_mhz,
-                gpu.clock_event_reasons,
-                1.0 if gpu.state == "lost" else 0.0,
-            ),
-            ts_ns,
-        )
-        for gpu in telemetry.gpus
-    ]
 
 
 def node_point(
@@ -113,8 +56,9 @@ def control_point(
     )
 
 
-def control_point_from(control: Control, *, site: str) -> Point:
-    """The ``control`` point of a published control message (lease length in seconds)."""
+def control_point_from(control: Control, *, site: str, brakes: int | None = None) -> Point:
+    """The ``control`` point of a published control message (lease length in seconds);
+    ``brakes`` counts the scope's entries into the top level since the controller started."""
     scope = "row" if control.scope == "row" else f"rack:{control.rack}"
     return control_point(
         ts_ns=control.issued_ns,
@@ -123,6 +67,7 @@ def control_point_from(control: Control, *, site: str) -> Point:
         scope=scope,
         level=control.level,
         seq=control.seq,
+        brakes=brakes,
         lease_s=(control.lease_expires_ns - control.issued_ns) / 1e9,
         observe=control.observe,
         level_name=control.level_name,
@@ -338,8 +283,12 @@ def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
             nodes_offline=float(len(rollup.offline_nodes)),
             **thresholds,
         ),
-        control_point_from(decision.control, site=site),
+        control_point_from(decision.control, site=site, brakes=decision.brakes),
     ]
+    out.extend(
+        control_point_from(d.control, site=site, brakes=d.brakes)
+        for d in row.rack_decisions.values()
+    )
     for rack in rollup.racks:
         out.append(
             rack_point(
@@ -377,6 +326,7 @@ def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
                 tick_p99_ms=t.health.tick_p99_ms if t else None,
                 outbox_dropped=t.health.outbox_dropped if t else None,
                 control_rejected=t.health.control_rejected if t else None,
+                gpu_errors=t.health.gpu_errors if t else None,
             )
         )
     return out

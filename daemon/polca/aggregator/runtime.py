@@ -40,6 +40,7 @@ from polca.coord.etcd import Elector, EtcdClient
 from polca.coord.leadership import Leadership
 from polca.errors import PolicyError
 from polca.exits import ExitRecord
+from polca.export import gpus
 from polca.export.schedule import WriteSchedule
 from polca.export.sink import FanOut, Sink
 from polca.policy import LoadedPolicy, PolicyStore
@@ -308,10 +309,15 @@ class Aggregator:
                 self.control_wake.set()  # over the next threshold: escalate now
             if not self.sinks or self.leadership.role == "standby":
                 return  # a standby writes no series of the rows: the leader does
+            t = accepted.telemetry
+            if any(g.health is not None for g in t.gpus):  # on change and every
+                # agent.health_every_s: never thinned
+                self.sinks.write(
+                    gpus.gpu_health_points(t, site=site, row=accepted.row, rack=accepted.rack)
+                )
             if not self.schedule.due("gpu", accepted.node, self.mono_ns() / 1e9):
                 return  # per-GPU series are thinned to their write interval
-            t = accepted.telemetry
-            self.sinks.write(points.gpu_points(t, site=site, row=accepted.row, rack=accepted.rack))
+            self.sinks.write(gpus.gpu_points(t, site=site, row=accepted.row, rack=accepted.rack))
         elif isinstance(accepted, EventIn):
             if self.sinks:
                 point = points.event_point(

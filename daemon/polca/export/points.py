@@ -273,6 +273,65 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
             "lost": float,
         },
     ),
+    "gpu_health": MeasurementSchema(
+        tags=("site", "row", "rack", "node", "gpu_uuid", "gpu_index", "model"),
+        fields={
+            **_ints(
+                "xid_errors",
+                "last_xid",
+                "ecc_corrected_volatile",
+                "ecc_uncorrected_volatile",
+                "ecc_corrected_aggregate",
+                "ecc_uncorrected_aggregate",
+                "retired_pages_sbe",
+                "retired_pages_dbe",
+            ),
+            "retired_pages_pending": float,
+            **_ints("remapped_rows_correctable", "remapped_rows_uncorrectable"),
+            "row_remap_pending": float,
+            "row_remap_failure": float,
+            "pcie_replays": int,
+            **_floats("power_brake_s", "hw_thermal_slowdown_s", "sw_thermal_slowdown_s"),
+        },
+    ),
+    "gpu_cap": MeasurementSchema(
+        tags=(
+            "site",
+            "row",
+            "rack",
+            "node",
+            "gpu_uuid",
+            "gpu_index",
+            "class",
+            "clock_reason",
+            "power_reason",
+        ),
+        fields=_floats("sm_clock_max_mhz", "power_limit_w", "applied"),
+    ),
+    "agent": MeasurementSchema(
+        tags=("site", "row", "rack", "node"),
+        fields={
+            **_floats(
+                "level",
+                "fail_safe",
+                "observe",
+                "lease_remaining_s",
+                "lease_s",
+                "gpus",
+                "gpus_lost",
+                "tick_p99_ms",
+                "clock_skew_s",
+            ),
+            **_ints(
+                "gpu_errors",
+                "outbox_dropped",
+                "inbox_dropped",
+                "control_rejected",
+                "reconnects",
+                "ticks",
+            ),
+        },
+    ),
     "node": MeasurementSchema(
         tags=("site", "row", "rack", "node"),
         fields={
@@ -288,7 +347,7 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
                 "gpus_lost",
                 "tick_p99_ms",
             ),
-            **_ints("outbox_dropped", "control_rejected"),
+            **_ints("outbox_dropped", "control_rejected", "gpu_errors"),
         },
     ),
     "rack": MeasurementSchema(
@@ -326,6 +385,7 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
         fields={
             "level": float,
             "seq": int,
+            "brakes": int,
             "lease_s": float,
             "observe": float,
             "level_name": str,

@@ -51,6 +51,8 @@ class Family:
     kind: Kind
     help: str
     scale: float = 1.0
+    labels: tuple[tuple[str, str], ...] = ()
+    """Constant labels that tell this field from the family's others (``type="corrected"``)."""
 
 
 def _f(measurement: str, field: str, name: str, help_text: str, **kw: Any) -> Family:
@@ -83,6 +85,115 @@ FAMILIES: Final[tuple[Family, ...]] = (
         scale=1e6,
     ),
     _f("gpu", "lost", "polca_gpu_lost", "1 while the agent reports the GPU lost."),
+    # Per GPU, its health counters (sent on change and every agent.health_every_s).
+    _f("gpu_health", "xid_errors", "polca_gpu_xid_errors_total", "XID events since start."),
+    _f("gpu_health", "last_xid", "polca_gpu_last_xid", "Code of the last XID event."),
+    *(
+        _f(
+            "gpu_health",
+            f"ecc_{kind}_{counter}",
+            "polca_gpu_ecc_errors_total",
+            "ECC errors (volatile: since driver load; aggregate: GPU lifetime).",
+            labels=(("type", kind), ("counter", counter)),
+        )
+        for kind in ("corrected", "uncorrected")
+        for counter in ("volatile", "aggregate")
+    ),
+    *(
+        _f(
+            "gpu_health",
+            f"retired_pages_{cause}",
+            "polca_gpu_retired_pages",
+            "Memory pages retired, by cause (single or double bit).",
+            labels=(("cause", cause),),
+        )
+        for cause in ("sbe", "dbe")
+    ),
+    _f(
+        "gpu_health",
+        "retired_pages_pending",
+        "polca_gpu_retired_pages_pending",
+        "1 while a page retirement waits for a reset.",
+    ),
+    *(
+        _f(
+            "gpu_health",
+            f"remapped_rows_{kind}",
+            "polca_gpu_remapped_rows",
+            "Memory rows remapped, by error type.",
+            labels=(("type", kind),),
+        )
+        for kind in ("correctable", "uncorrectable")
+    ),
+    _f("gpu_health", "row_remap_pending", "polca_gpu_row_remap_pending", "1: reset needed."),
+    _f("gpu_health", "row_remap_failure", "polca_gpu_row_remap_failure", "1: a remap failed."),
+    _f("gpu_health", "pcie_replays", "polca_gpu_pcie_replays_total", "PCIe replays."),
+    *(
+        _f(
+            "gpu_health",
+            field,
+            "polca_gpu_throttle_seconds_total",
+            "Time the clocks were held down, by NVML clock event reason.",
+            labels=(("reason", reason),),
+        )
+        for field, reason in (
+            ("power_brake_s", "hw_power_brake_slowdown"),
+            ("hw_thermal_slowdown_s", "hw_thermal_slowdown"),
+            ("sw_thermal_slowdown_s", "sw_thermal_slowdown"),
+        )
+    ),
+    # Per GPU on the agent: the caps in force and the policy source that won each.
+    _f(
+        "gpu_cap",
+        "sm_clock_max_mhz",
+        "polca_gpu_cap_sm_clock_hertz",
+        "SM clock cap polca decided (absent: none).",
+        scale=1e6,
+    ),
+    _f("gpu_cap", "power_limit_w", "polca_gpu_cap_power_watts", "Power cap polca decided."),
+    _f("gpu_cap", "applied", "polca_gpu_cap_applied", "1 when the GPU holds the caps."),
+    # The agent itself.
+    _f("agent", "level", "polca_agent_level", "Control level in force (0 nominal)."),
+    _f("agent", "fail_safe", "polca_agent_fail_safe", "1 while the fail-safe caps apply."),
+    _f("agent", "observe", "polca_agent_observe", "1 when the agent writes nothing."),
+    _f(
+        "agent",
+        "lease_remaining_s",
+        "polca_agent_lease_remaining_seconds",
+        "Time left on the control lease in force (absent: no lease).",
+    ),
+    _f("agent", "lease_s", "polca_agent_lease_seconds", "Length of that lease when granted."),
+    _f("agent", "gpus", "polca_agent_gpus", "GPUs discovered."),
+    _f("agent", "gpus_lost", "polca_agent_gpus_lost", "GPUs lost now."),
+    _f(
+        "agent",
+        "tick_p99_ms",
+        "polca_agent_tick_p99_seconds",
+        "Sampling tick p99 latency.",
+        scale=1e-3,
+    ),
+    _f("agent", "clock_skew_s", "polca_agent_clock_skew_seconds", "Clock minus controller's."),
+    _f("agent", "gpu_errors", "polca_agent_gpu_errors_total", "GPU library calls that failed."),
+    _f(
+        "agent",
+        "outbox_dropped",
+        "polca_agent_outbox_dropped_total",
+        "Messages dropped while the broker was away.",
+    ),
+    _f(
+        "agent",
+        "inbox_dropped",
+        "polca_agent_inbox_dropped_total",
+        "Received messages dropped (inbox full).",
+    ),
+    _f(
+        "agent",
+        "control_rejected",
+        "polca_agent_messages_rejected_total",
+        "Received messages refused (bad, foreign, fenced or stale).",
+    ),
+    _f("agent", "reconnects", "polca_agent_reconnects_total", "Broker reconnections."),
+    _f("agent", "ticks", "polca_agent_ticks_total", "Sampling ticks."),
     # Per node, from the aggregator's rollup.
     _f("node", "power_w", "polca_node_power_watts", "Node power counted in its row."),
     _f("node", "level", "polca_node_level", "Control level the agent applies."),
@@ -101,6 +212,12 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "polca_node_control_rejected_total",
         "Control messages the agent refused.",
     ),
+    _f(
+        "node",
+        "gpu_errors",
+        "polca_node_gpu_errors_total",
+        "GPU library (NVML) calls that failed on the node.",
+    ),
     # Rack and row power against budget and thresholds.
     _f("rack", "power_w", "polca_rack_power_watts", "Rack power."),
     _f("rack", "budget_w", "polca_rack_budget_watts", "Rack power budget."),
@@ -116,6 +233,12 @@ FAMILIES: Final[tuple[Family, ...]] = (
     _f("row", "nodes_offline", "polca_row_nodes_offline", "Nodes whose Last Will fired."),
     _f("control", "level", "polca_control_level", "Level of each control scope."),
     _f("control", "lease_s", "polca_control_lease_seconds", "Lease granted per message."),
+    _f(
+        "control",
+        "brakes",
+        "polca_control_brakes_total",
+        "Entries of the scope into the policy's top level (the brake).",
+    ),
     # Cooling loops.
     _f("cooling_loop", "severity", "polca_cooling_loop_severity", "Worst active alarm (0-3)."),
     _f("cooling_loop", "alarms", "polca_cooling_loop_alarms", "Active alarms."),
@@ -145,7 +268,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
 _BY_MEASUREMENT: Final = {
     m: tuple(f for f in FAMILIES if f.measurement == m) for m in {f.measurement for f in FAMILIES}
 }
-_CATALOGUE: Final = {f.name: f for f in FAMILIES}
+_CATALOGUE: Final = {f.name: f for f in FAMILIES}  # one Family stands for its name
 CLOCK_EVENT_FAMILY: Final = "polca_gpu_clock_event_active"
 DROPPED_FAMILY: Final = "polca_aggregator_messages_dropped_total"
 Labels = tuple[tuple[str, str], ...]
@@ -184,7 +307,9 @@ class _Series(Collector):
             spec = _CATALOGUE.get(name)
             kind = spec.kind if spec else ("counter" if name.endswith("_total") else "gauge")
             help_text = spec.help if spec else _EXTRA_HELP.get(name, name)
-            keys = [k for k, _ in samples[0][0]]
+            # Series of one family may differ in which tags they have (a GPU without a
+            # class): every series gets every label, "" (Prometheus: absent) where missing.
+            keys = sorted({k for labels, _ in samples for k, _ in labels})
             base = name.removesuffix("_total")
             metric: GaugeMetricFamily | CounterMetricFamily = (
                 CounterMetricFamily(base, help_text, labels=keys)
@@ -192,7 +317,8 @@ class _Series(Collector):
                 else GaugeMetricFamily(name, help_text, labels=keys)
             )
             for labels, value in samples:
-                metric.add_metric([v for _, v in labels], value)
+                given = dict(labels)
+                metric.add_metric([given.get(k, "") for k in keys], value)
             yield metric
 
 
@@ -218,7 +344,11 @@ class PrometheusSink:
         max_series: int = 250_000,
         stale_after_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
+        snapshots: frozenset[str] = frozenset(),
     ) -> None:
+        """Serve at ``address`` (HOST:PORT). ``snapshots`` names measurements that every
+        write carries whole (the agent's ``gpu_cap``): a write of one replaces all of its
+        series, so a series whose labels changed (the reason of a cap) goes at once."""
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
             msg = f"metrics.address {address!r} must be HOST:PORT"
@@ -228,6 +358,9 @@ class PrometheusSink:
         self.series = _Series(max_series=max_series, stale_after_s=stale_after_s, clock=clock)
         self.registry.register(self.series)
         self._clock = clock
+        self._snapshots = {
+            m: frozenset(f.name for f in _BY_MEASUREMENT.get(m, ())) for m in snapshots
+        }
         self._closed = asyncio.Event()
         self._server: Any = None
         self._written = 0
@@ -237,6 +370,11 @@ class PrometheusSink:
         """Keep the latest value of each series the points carry; never raises."""
         now = self._clock()
         with self.series.lock:
+            replaced = {point.measurement for point in points} & self._snapshots.keys()
+            if replaced:
+                names = frozenset().union(*(self._snapshots[m] for m in replaced))
+                for key in [k for k in self.series.values if k[0] in names]:
+                    del self.series.values[key]
             for point in points:
                 families = _BY_MEASUREMENT.get(point.measurement)
                 if families is None and point.measurement != "aggregator":
@@ -249,7 +387,8 @@ class PrometheusSink:
                 for spec in families or ():
                     value = fields.get(spec.field)
                     if isinstance(value, (int, float)) and not isinstance(value, bool):
-                        self.series.set(spec.name, labels, float(value) * spec.scale, now)
+                        named = (*labels, *spec.labels) if spec.labels else labels
+                        self.series.set(spec.name, named, float(value) * spec.scale, now)
                 if point.measurement == "gpu":
                     mask = fields.get("clock_event_reasons")
                     if isinstance(mask, int):

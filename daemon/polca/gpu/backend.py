@@ -105,6 +105,60 @@ class GpuSample:
     locked_sm_clocks_mhz: tuple[int, int] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """The health counters of one GPU, read once per telemetry interval (``health()``).
+
+    Every field is ``None`` where the GPU or driver does not report it. Counts are totals:
+    the XID events since the backend opened; ECC errors since the driver loaded
+    (volatile) or over the GPU's life (aggregate); retired pages and remapped rows over its
+    life; PCIe replays since the driver loaded; throttle times, cumulative, in ns.
+    Flags are 0 or 1.
+    """
+
+    index: int
+    uuid: str
+    xid_errors: int | None = None
+    last_xid: int | None = None
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: int | None = None
+    row_remap_failure: int | None = None
+    pcie_replays: int | None = None
+    power_brake_ns: int | None = None
+    hw_thermal_slowdown_ns: int | None = None
+    sw_thermal_slowdown_ns: int | None = None
+
+
+HEALTH_COUNTERS: tuple[str, ...] = (
+    "xid_errors",
+    "last_xid",
+    "ecc_corrected_volatile",
+    "ecc_uncorrected_volatile",
+    "ecc_corrected_aggregate",
+    "ecc_uncorrected_aggregate",
+    "retired_pages_sbe",
+    "retired_pages_dbe",
+    "retired_pages_pending",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "row_remap_pending",
+    "row_remap_failure",
+    "pcie_replays",
+    "power_brake_ns",
+    "hw_thermal_slowdown_ns",
+    "sw_thermal_slowdown_ns",
+)
+"""``GpuHealth``'s counters, in order (everything but the identity)."""
+
+
 @runtime_checkable
 class GpuBackend(Protocol):
     """Synchronous access to the GPUs of one node.
@@ -120,6 +174,10 @@ class GpuBackend(Protocol):
 
     def sample(self, index: int) -> GpuSample:
         """Read every supported field of GPU ``index``."""
+        ...
+
+    def health(self, index: int) -> GpuHealth:
+        """Read the health counters of GPU ``index`` (unsupported ones are ``None``)."""
         ...
 
     def check_write_access(self) -> None:

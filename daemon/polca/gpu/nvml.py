@@ -21,6 +21,7 @@ What it does, and what it must not do:
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +41,7 @@ from polca.errors import (
     GpuPermissionError,
     GpuTransientError,
 )
-from polca.gpu.backend import Capabilities, GpuInfo, GpuSample
+from polca.gpu.backend import Capabilities, GpuHealth, GpuInfo, GpuSample
 
 T = TypeVar("T")
 
@@ -49,6 +50,29 @@ FIELD_POWER_AVERAGE: Final = pynvml.NVML_FI_DEV_POWER_AVERAGE  # 185, mW (about 
 FIELD_POWER_INSTANT: Final = pynvml.NVML_FI_DEV_POWER_INSTANT  # 186, mW
 FIELD_ENERGY: Final = pynvml.NVML_FI_DEV_ENERGY  # 191, mJ since driver load
 SAMPLE_FIELDS: Final = (FIELD_POWER_INSTANT, FIELD_POWER_AVERAGE, FIELD_ENERGY, FIELD_MEMORY_TEMP)
+
+HEALTH_FIELDS: Final[Mapping[int, str]] = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: "ecc_corrected_volatile",  # 3
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: "ecc_uncorrected_volatile",  # 4
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: "ecc_corrected_aggregate",  # 5
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: "ecc_uncorrected_aggregate",  # 6
+    pynvml.NVML_FI_DEV_RETIRED_SBE: "retired_pages_sbe",  # 29
+    pynvml.NVML_FI_DEV_RETIRED_DBE: "retired_pages_dbe",  # 30
+    pynvml.NVML_FI_DEV_RETIRED_PENDING: "retired_pages_pending",  # 31
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: "pcie_replays",  # 94
+    pynvml.NVML_FI_DEV_REMAPPED_COR: "remapped_rows_correctable",  # 142
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: "remapped_rows_uncorrectable",  # 143
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING: "row_remap_pending",  # 144
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE: "row_remap_failure",  # 145
+    # Cumulative throttle time in ns (drivers of the R570 branch and later).
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: "sw_thermal_slowdown_ns",  # 269
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "hw_thermal_slowdown_ns",  # 270
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "power_brake_ns",  # 271
+}
+"""The health counters read in one ``GetFieldValues`` per GPU (``health()``), by field id."""
+XID_EVENT: Final = pynvml.nvmlEventTypeXidCriticalError
+MAX_EVENTS_PER_READ: Final = 1024
+"""XID events taken from the event set per ``health()`` call at most (a storm waits)."""
 
 PERMISSION_FIX: Final = (
     "Setting power limits and locking clocks needs root or CAP_SYS_ADMIN. Fix one of: run "
@@ -156,6 +180,10 @@ class _Gpu:
     power_from_usage: bool  # no instant-power field: fall back to GetPowerUsage
     energy_from_counter: bool  # no energy field: fall back to GetTotalEnergyConsumption
     locked_sm_clocks_mhz: tuple[int, int] | None = None  # NVML has no getter for the lock
+    health_fields: tuple[int, ...] = ()  # the HEALTH_FIELDS this GPU answers
+    xid_events: bool = False  # registered for XID events
+    xid_errors: int = 0
+    last_xid: int | None = None
 
 
 @dataclass(slots=True)
@@ -182,6 +210,8 @@ class NvmlBackend:
         self._gpus: dict[int, _Gpu] | None = None
         self._lost_at_discovery: set[int] = set()
         self._infos: tuple[GpuInfo, ...] = ()
+        self._events: Any = None  # the XID event set, when the driver offers one
+        self._by_handle: dict[int | None, int] = {}
         self.driver_version: str | None = None
 
     # ---- discovery ------------------------------------------------------------------
@@ -210,6 +240,7 @@ class NvmlBackend:
             raise
         self._gpus = gpus
         self._infos = tuple(gpu.info for gpu in gpus.values())
+        self._register_xid_events(gpus)
         self._log.info(
             "nvml_opened",
             driver_version=self.driver_version,
@@ -320,12 +351,37 @@ class NvmlBackend:
             fields=fields,
             power_from_usage=power_from_usage,
             energy_from_counter=energy_from_counter,
+            health_fields=self._probe_fields(handle, index, HEALTH_FIELDS),
         )
 
-    def _probe_fields(self, handle: Any, index: int) -> tuple[int, ...]:
-        """The field ids of ``SAMPLE_FIELDS`` this GPU answers (each entry has its own code)."""
+    def _register_xid_events(self, gpus: Mapping[int, _Gpu]) -> None:
+        """One event set for every GPU that reports XID errors (none: XIDs stay None)."""
+        try:
+            events = _call(pynvml.nvmlEventSetCreate, index=None)
+        except (*_UNAVAILABLE, GpuTransientError) as exc:
+            self._log.info("xid_events_unavailable", error=str(exc))
+            return
+        for index, gpu in gpus.items():
+            supported = self._optional(
+                pynvml.nvmlDeviceGetSupportedEventTypes, gpu.handle, index=index
+            )
+            if not supported or not int(supported) & XID_EVENT:
+                continue
+            try:
+                _call(pynvml.nvmlDeviceRegisterEvents, gpu.handle, XID_EVENT, events, index=index)
+            except (*_UNAVAILABLE, GpuTransientError) as exc:
+                self._log.info("xid_events_unavailable", gpu=index, error=str(exc))
+                continue
+            gpu.xid_events = True
+            self._by_handle[_address(gpu.handle)] = index
+        self._events = events
+
+    def _probe_fields(
+        self, handle: Any, index: int, ids: Sequence[int] | Mapping[int, str] = SAMPLE_FIELDS
+    ) -> tuple[int, ...]:
+        """The field ids of ``ids`` this GPU answers (each entry has its own code)."""
         supported, entries = self._probe(
-            pynvml.nvmlDeviceGetFieldValues, handle, list(SAMPLE_FIELDS), index=index
+            pynvml.nvmlDeviceGetFieldValues, handle, list(ids), index=index
         )
         if not supported or entries is None:
             return ()
@@ -434,6 +490,52 @@ class NvmlBackend:
             raise error from cause
         return sample
 
+    def health(self, index: int) -> GpuHealth:
+        """The health counters of GPU ``index``: XID events so far, one ``GetFieldValues``.
+
+        A counter the GPU does not report is ``None``; one that fails this time is
+        ``None`` this time. A lost GPU raises ``GpuLostError``.
+        """
+        gpu = self._gpu(index)
+        self._drain_xid_events()
+        values: dict[int, int | float] = {}
+        if gpu.health_fields:
+            reads = _Reads(index)
+            entries = self._read(
+                reads, pynvml.nvmlDeviceGetFieldValues, gpu.handle, list(gpu.health_fields)
+            )
+            if entries is not None:
+                self._collect_fields(reads, entries, values, default_ts_ns=0)
+        counters = {name: _int(values.get(field_id)) for field_id, name in HEALTH_FIELDS.items()}
+        return GpuHealth(
+            index=index,
+            uuid=gpu.info.uuid,
+            xid_errors=gpu.xid_errors if gpu.xid_events else None,
+            last_xid=gpu.last_xid,
+            **counters,
+        )
+
+    def _drain_xid_events(self) -> None:
+        """Count the XID events waiting in the event set (without waiting), per GPU."""
+        if self._events is None or self._gpus is None:
+            return
+        for _ in range(MAX_EVENTS_PER_READ):
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._events, 0)
+            except pynvml.NVMLError as exc:
+                if int(exc.value) != pynvml.NVML_ERROR_TIMEOUT:
+                    error = translate_nvml_error(exc, call="nvmlEventSetWait_v2", index=None)
+                    self._log.warning("xid_events_unreadable", error=str(error))
+                return
+            if not int(data.eventType) & XID_EVENT:
+                continue
+            index = self._by_handle.get(_address(data.device))
+            gpu = self._gpus.get(index) if index is not None else None
+            if gpu is not None:
+                gpu.xid_errors += 1
+                gpu.last_xid = int(data.eventData)
+                self._log.error("gpu_xid", gpu=index, uuid=gpu.info.uuid, xid=gpu.last_xid)
+
     def _read(self, reads: _Reads, fn: Callable[..., T], *args: Any) -> T | None:
         """One read of a sample: its value, or None after a field-level failure."""
         try:
@@ -528,8 +630,15 @@ class NvmlBackend:
         self._gpus = None
         self._infos = ()
         self._lost_at_discovery.clear()
+        self._by_handle.clear()
+        events, self._events = self._events, None
         if not self._initialized:
             return
+        if events is not None:
+            try:
+                pynvml.nvmlEventSetFree(events)
+            except pynvml.NVMLError as exc:
+                self._log.warning("nvml_event_set_not_freed", code=int(exc.value))
         self._initialized = False
         try:
             pynvml.nvmlShutdown()
@@ -546,6 +655,11 @@ class NvmlBackend:
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _address(handle: Any) -> int | None:
+    """The address a device handle points at (event data carries the same pointer)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
 
 
 def _bus_id(pci: Any) -> str | None:

@@ -49,6 +49,7 @@ from polca.gpu.backend import (
     CLOCK_EVENT_SW_POWER_CAP,
     CLOCK_EVENT_SW_THERMAL_SLOWDOWN,
     Capabilities,
+    GpuHealth,
     GpuInfo,
     GpuSample,
 )
@@ -127,6 +128,25 @@ class _Gpu:
     lost: bool = False
     brake: bool = False
     stuck: dict[str, Any] = field(default_factory=dict)  # field name -> frozen value
+    # Health counters (``health()``): XIDs and ECC errors only by injection; throttle time
+    # integrates while the brake or a thermal slowdown holds the clock.
+    xid_errors: int = 0
+    last_xid: int | None = None
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    brake_s: float = 0.0
+    hw_thermal_s: float = 0.0
+    sw_thermal_s: float = 0.0
+
+
+def _count_throttle(g: _Gpu, reasons: int, step_s: float) -> None:
+    """Add a sub-step to the throttle times its clock event reasons name."""
+    if reasons & CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN:
+        g.brake_s += step_s
+    if reasons & CLOCK_EVENT_HW_THERMAL_SLOWDOWN:
+        g.hw_thermal_s += step_s
+    if reasons & CLOCK_EVENT_SW_THERMAL_SLOWDOWN:
+        g.sw_thermal_s += step_s
 
 
 class SimulatedBackend:
@@ -237,6 +257,33 @@ class SimulatedBackend:
             g = self._live(index)
             self._advance(g, self._clock())
             return self._read(g)
+
+    def health(self, index: int) -> GpuHealth:
+        """The health counters of GPU ``index``: injected XIDs and ECC errors, throttle time."""
+        with self._lock:
+            g = self._live(index)
+            self._advance(g, self._clock())
+            return GpuHealth(
+                index=g.index,
+                uuid=g.uuid,
+                xid_errors=g.xid_errors,
+                last_xid=g.last_xid,
+                ecc_corrected_volatile=g.ecc_corrected,
+                ecc_uncorrected_volatile=g.ecc_uncorrected,
+                ecc_corrected_aggregate=g.ecc_corrected,
+                ecc_uncorrected_aggregate=g.ecc_uncorrected,
+                retired_pages_sbe=0,
+                retired_pages_dbe=0,
+                retired_pages_pending=0,
+                remapped_rows_correctable=0,
+                remapped_rows_uncorrectable=0,
+                row_remap_pending=0,
+                row_remap_failure=0,
+                pcie_replays=0,
+                power_brake_ns=round(g.brake_s * 1e9),
+                hw_thermal_slowdown_ns=round(g.hw_thermal_s * 1e9),
+                sw_thermal_slowdown_ns=round(g.sw_thermal_s * 1e9),
+            )
 
     def check_write_access(self) -> None:
         """Raise ``GpuPermissionError`` while writes are denied."""
@@ -389,6 +436,20 @@ class SimulatedBackend:
             self._advance(g, self._clock())
             g.brake = engaged
 
+    def inject_xid(self, index: int, code: int) -> None:
+        """Report an XID error of ``code`` on GPU ``index`` (as the driver's event would)."""
+        with self._lock:
+            g = self._gpu(index)
+            g.xid_errors += 1
+            g.last_xid = code
+
+    def inject_ecc_errors(self, index: int, *, corrected: int = 0, uncorrected: int = 0) -> None:
+        """Count ECC errors on GPU ``index`` (volatile and aggregate alike)."""
+        with self._lock:
+            g = self._gpu(index)
+            g.ecc_corrected += corrected
+            g.ecc_uncorrected += uncorrected
+
     # --- internals -----------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -494,6 +555,7 @@ class SimulatedBackend:
         g.util = util
         g.sm_clock_mhz = clock_mhz
         g.reasons = reasons
+        _count_throttle(g, reasons, step_s)
 
     def _power_w(self, util: float, clock_mhz: int) -> float:
         """Power at ``util`` and ``clock_mhz``: idle plus the demand above it, clock-scaled."""

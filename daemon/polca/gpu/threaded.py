@@ -27,6 +27,7 @@ import structlog
 from polca.errors import GpuError, GpuTransientError
 from polca.gpu.backend import (
     GpuBackend,
+    GpuHealth,
     GpuInfo,
     GpuSample,
     GpuWrite,
@@ -79,6 +80,7 @@ class ThreadedGpu:
         self._latencies_s: deque[float] = deque(maxlen=latency_window)
         self._calls = 0
         self._timeouts = 0
+        self._errors = 0
         self._last_s = 0.0
         self._max_s = 0.0
 
@@ -157,9 +159,27 @@ class ThreadedGpu:
 
     async def sample_all(self, indices: Sequence[int]) -> list[GpuSample | GpuError]:
         """Sample GPUs ``indices`` in one hop to the worker; a failed GPU gives its error."""
-        return await self._call(
-            self._sample_many, (tuple(indices),), {}, timeout_s=self._call_timeout_s, index=None
+        results = await self._call(
+            self._many,
+            (self._backend.sample, tuple(indices)),
+            {},
+            timeout_s=self._call_timeout_s,
+            index=None,
         )
+        self._errors += sum(1 for r in results if isinstance(r, GpuError))
+        return results
+
+    async def health_all(self, indices: Sequence[int]) -> list[GpuHealth | GpuError]:
+        """Read the health counters of GPUs ``indices`` in one hop to the worker."""
+        results = await self._call(
+            self._many,
+            (self._backend.health, tuple(indices)),
+            {},
+            timeout_s=self._call_timeout_s,
+            index=None,
+        )
+        self._errors += sum(1 for r in results if isinstance(r, GpuError))
+        return results
 
     async def sample(self, index: int) -> GpuSample:
         """Sample one GPU."""
@@ -213,7 +233,7 @@ class ThreadedGpu:
             return [[] for _ in batches]
         frozen = tuple(tuple(batch) for batch in batches)
         try:
-            return await self._call(
+            results = await self._call(
                 execute_writes,
                 (self._backend, frozen),
                 {},
@@ -222,13 +242,16 @@ class ThreadedGpu:
             )
         except GpuTransientError as exc:
             return [[WriteResult(batch[0], exc)] if batch else [] for batch in frozen]
+        self._errors += sum(1 for batch in results for r in batch if r.error is not None)
+        return results
 
     # --- health --------------------------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
         """Call latency as the event loop sees it (queueing included), for health telemetry.
 
-        Keys: ``calls``, ``timeouts``, ``latency_last_s``, ``latency_max_s``, and
+        Keys: ``calls``, ``timeouts``, ``errors`` (calls, samples, health reads and
+        writes that failed, timeouts included), ``latency_last_s``, ``latency_max_s``, and
         ``latency_p99_s`` over the last ``latency_window`` calls.
         """
         recent = sorted(self._latencies_s)
@@ -236,6 +259,7 @@ class ThreadedGpu:
         return {
             "calls": float(self._calls),
             "timeouts": float(self._timeouts),
+            "errors": float(self._errors),
             "latency_last_s": self._last_s,
             "latency_max_s": self._max_s,
             "latency_p99_s": p99_s,
@@ -243,12 +267,13 @@ class ThreadedGpu:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _sample_many(self, indices: tuple[int, ...]) -> list[GpuSample | GpuError]:
-        """Runs on the worker: one GPU's error must not hide the others' samples."""
-        results: list[GpuSample | GpuError] = []
+    @staticmethod
+    def _many(read: Callable[[int], T], indices: tuple[int, ...]) -> list[T | GpuError]:
+        """Runs on the worker: one GPU's error must not hide the others' readings."""
+        results: list[T | GpuError] = []
         for index in indices:
             try:
-                results.append(self._backend.sample(index))
+                results.append(read(index))
             except GpuError as exc:
                 results.append(exc)
         return results
@@ -276,8 +301,12 @@ class ThreadedGpu:
             # with the result (CPython gh-86296), which would hang the supervisor's stop.
             async with asyncio.timeout(timeout_s):
                 return await asyncio.wrap_future(future)
+        except GpuError:
+            self._errors += 1
+            raise
         except TimeoutError as exc:
             self._timeouts += 1
+            self._errors += 1
             name = getattr(fn, "__name__", repr(fn))
             _log.error("gpu_call_stuck", call=name, gpu=index, timeout_s=timeout_s)
             msg = (

@@ -75,6 +75,34 @@ class _Wire(BaseModel):
         return value
 
 
+class GpuHealthReport(BaseModel):
+    """A GPU's health counters (``polca.gpu.backend.GpuHealth``); null where unsupported.
+
+    Sent with a GPU's telemetry when a counter changed, and at least every
+    ``agent.health_every_s`` otherwise.
+    """
+
+    model_config = _CONFIG
+
+    xid_errors: _Count | None = Field(None, description="XID events since the agent started.")
+    last_xid: _Count | None = Field(None, description="Code of the last XID event.")
+    ecc_corrected_volatile: _Count | None = Field(None, description="Since the driver loaded.")
+    ecc_uncorrected_volatile: _Count | None = None
+    ecc_corrected_aggregate: _Count | None = Field(None, description="Over the GPU's life.")
+    ecc_uncorrected_aggregate: _Count | None = None
+    retired_pages_sbe: _Count | None = Field(None, description="Pages retired (single bit).")
+    retired_pages_dbe: _Count | None = Field(None, description="Pages retired (double bit).")
+    retired_pages_pending: _Count | None = Field(None, le=1, description="1: retirement pending.")
+    remapped_rows_correctable: _Count | None = None
+    remapped_rows_uncorrectable: _Count | None = None
+    row_remap_pending: _Count | None = Field(None, le=1, description="1: a reset is needed.")
+    row_remap_failure: _Count | None = Field(None, le=1, description="1: a remap failed.")
+    pcie_replays: _Count | None = Field(None, description="PCIe replays since driver load.")
+    power_brake_s: float | None = Field(None, ge=0, le=1e12, description="Power brake time.")
+    hw_thermal_slowdown_s: float | None = Field(None, ge=0, le=1e12)
+    sw_thermal_slowdown_s: float | None = Field(None, ge=0, le=1e12)
+
+
 class GpuTelemetry(BaseModel):
     """One GPU over one publish interval (min/mean/max over the samples taken)."""
 
@@ -111,6 +139,9 @@ class GpuTelemetry(BaseModel):
         (), max_length=64, description="Names of the bits set."
     )
     locked_sm_clock_max_mhz: _Mhz | None = None
+    health: GpuHealthReport | None = Field(
+        None, description="Health counters, when they changed or are due."
+    )
 
 
 class AgentHealth(BaseModel):
@@ -125,6 +156,7 @@ class AgentHealth(BaseModel):
     inbox_dropped: _Count = 0
     control_rejected: _Count = 0
     reconnects: _Count = 0
+    gpu_errors: _Count = Field(0, description="GPU library calls that failed, since start.")
     clock_skew_s: float | None = Field(
         None,
         ge=-1e9,

@@ -1,0 +1,102 @@
+"""The agent's points for its own ``/metrics`` (pure): what it reads, decides and suffers.
+
+Built once per telemetry interval from the message just published and the core's state,
+then handed to the agent's sinks (``polca.export``: the Prometheus sink). The GPU readings
+and health counters go through the same builders as on the aggregator
+(``polca.export.gpus``), so both paths name every series alike; ``gpu_cap`` (the caps in
+force and the policy source that won each) and ``agent`` (level, lease, fail-safe,
+observe, error and drop counters) are the agent's own. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from polca.export.gpus import gpu_health_points, gpu_points
+from polca.export.points import AnyPoint, make_point
+from polca.telemetry.schema import GpuHealthReport, Telemetry
+
+if TYPE_CHECKING:
+    from polca.agent.core import AgentCore
+
+
+def agent_points(
+    core: AgentCore,
+    message: Telemetry,
+    *,
+    site: str,
+    health: Mapping[int, GpuHealthReport],
+    gpu_errors: int,
+    observe_only: bool,
+    now_mono_ns: int,
+) -> list[AnyPoint]:
+    """Every point of one interval: GPUs, their health and caps, and the agent itself."""
+    addr = core.addr
+    out: list[AnyPoint] = list(gpu_points(message, site=site, row=addr.row, rack=addr.rack))
+    if health:
+        with_health = message.model_copy(
+            update={
+                "gpus": tuple(
+                    g.model_copy(update={"health": health.get(g.index)}) for g in message.gpus
+                )
+            }
+        )
+        out.extend(gpu_health_points(with_health, site=site, row=addr.row, rack=addr.rack))
+    ts_ns = message.ts_ns
+    node_tags = {"site": site, "row": addr.row, "rack": addr.rack, "node": addr.node}
+    for target in core.last_targets:
+        limit_mw = target.power_limit_mw
+        out.append(
+            make_point(
+                "gpu_cap",
+                ts_ns=ts_ns,
+                tags={
+                    **node_tags,
+                    "gpu_uuid": target.uuid,
+                    "gpu_index": str(target.index),
+                    "class": target.priority_class,
+                    "clock_reason": target.sm_clock_reason or "none",
+                    "power_reason": target.power_limit_reason or "none",
+                },
+                fields={
+                    "sm_clock_max_mhz": target.sm_clock_max_mhz,
+                    "power_limit_w": None if limit_mw is None else limit_mw / 1000.0,
+                    "applied": not observe_only and target.index not in core.outcome_errors,
+                },
+            )
+        )
+    lease = core.tracker.current(now_mono_ns)
+    h = message.health
+    out.append(
+        make_point(
+            "agent",
+            ts_ns=ts_ns,
+            tags=node_tags,
+            fields={
+                "level": message.level,
+                "fail_safe": message.fail_safe,
+                "observe": observe_only,
+                # An expired lease reads 0 (not absent), so "expiring" can be alerted on.
+                "lease_remaining_s": (
+                    max(0.0, (lease.expires_mono_ns - now_mono_ns) / 1e9) if lease else None
+                ),
+                "lease_s": (
+                    (lease.control.lease_expires_ns - lease.control.issued_ns) / 1e9
+                    if lease
+                    else None
+                ),
+                "gpus": len(core.infos),
+                "gpus_lost": len(core.lost),
+                "tick_p99_ms": h.tick_p99_ms,
+                "clock_skew_s": h.clock_skew_s,
+                "gpu_errors": gpu_errors,
+                "outbox_dropped": h.outbox_dropped,
+                "inbox_dropped": h.inbox_dropped,
+                "control_rejected": h.control_rejected,
+                "reconnects": h.reconnects,
+                "ticks": h.ticks,
+            },
+        )
+    )
+    return out

@@ -1,0 +1,118 @@
+"""The points of a node's telemetry message: one ``gpu`` point per GPU, and a ``gpu_health``
+point per GPU whose health counters came with it (pure).
+
+Shared by the aggregator (every sink: InfluxDB, Prometheus) and the agent (its own
+``/metrics``), so the two paths name and type every GPU reading the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from polca.export.points import SCHEMA, LineTemplate, SeriesPoint
+from polca.telemetry.schema import Telemetry
+
+_GPU_FIELDS: Final = tuple(SCHEMA["gpu"].fields)
+"""The ``gpu`` fields in ``SCHEMA``'s order: ``gpu_points`` fills its values in this order."""
+_GPU: Final = LineTemplate(
+    "gpu",
+    tag_keys=("class", "gpu_index", "gpu_uuid", "model", "node", "rack", "row", "site"),
+    fields=_GPU_FIELDS,
+)
+_INDEX_TEXT: Final = tuple(str(i) for i in range(1024))
+"""``GpuTelemetry.index`` is 0..1023."""
+
+
+def gpu_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[SeriesPoint]:
+    """One ``gpu`` point per GPU of a node's telemetry message (the sink's hot path).
+
+    ``power_w`` is the mean power over the publish interval (the last reading when the
+    agent sent no mean); ``lost`` is 1.0 for a GPU the agent reported lost. Missing
+    readings are left out, not written as zero. The wire schema has already typed every
+    value (floats, integers, never booleans), as ``LineTemplate`` requires.
+    """
+    ts_ns, node, point = telemetry.ts_ns, telemetry.node, _GPU.point
+    return [
+        point(
+            (
+                gpu.priority_class or "",
+                _INDEX_TEXT[gpu.index],
+                gpu.uuid,
+                gpu.name,
+                node,
+                rack,
+                row,
+                site,
+            ),
+            (
+                gpu.power_mean_w if gpu.power_mean_w is not None else gpu.power_w,
+                gpu.power_max_w,
+                gpu.power_avg_w,
+                gpu.energy_j,
+                gpu.energy_delta_j,
+                gpu.gpu_temp_c,
+                gpu.gpu_temp_max_c,
+                gpu.mem_temp_c,
+                gpu.sm_clock_mhz,
+                gpu.mem_clock_mhz,
+                gpu.gpu_util_pct,
+                gpu.mem_util_pct,
+                gpu.power_limit_w,
+                gpu.enforced_power_limit_w,
+                gpu.locked_sm_clock_max_mhz,
+                gpu.clock_event_reasons,
+                1.0 if gpu.state == "lost" else 0.0,
+            ),
+            ts_ns,
+        )
+        for gpu in telemetry.gpus
+    ]
+
+
+_HEALTH_FIELDS: Final = tuple(SCHEMA["gpu_health"].fields)
+_HEALTH: Final = LineTemplate(
+    "gpu_health",
+    tag_keys=("gpu_index", "gpu_uuid", "model", "node", "rack", "row", "site"),
+    fields=_HEALTH_FIELDS,
+)
+
+
+def _flag(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def gpu_health_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[SeriesPoint]:
+    """One ``gpu_health`` point per GPU whose counters the message carries (the agent sends
+    them when they change and every ``agent.health_every_s``); unsupported ones left out."""
+    ts_ns, node, point = telemetry.ts_ns, telemetry.node, _HEALTH.point
+    out: list[SeriesPoint] = []
+    for gpu in telemetry.gpus:
+        h = gpu.health
+        if h is None:
+            continue
+        out.append(
+            point(
+                (_INDEX_TEXT[gpu.index], gpu.uuid, gpu.name, node, rack, row, site),
+                (
+                    h.xid_errors,
+                    h.last_xid,
+                    h.ecc_corrected_volatile,
+                    h.ecc_uncorrected_volatile,
+                    h.ecc_corrected_aggregate,
+                    h.ecc_uncorrected_aggregate,
+                    h.retired_pages_sbe,
+                    h.retired_pages_dbe,
+                    _flag(h.retired_pages_pending),
+                    h.remapped_rows_correctable,
+                    h.remapped_rows_uncorrectable,
+                    _flag(h.row_remap_pending),
+                    _flag(h.row_remap_failure),
+                    h.pcie_replays,
+                    h.power_brake_s,
+                    h.hw_thermal_slowdown_s,
+                    h.sw_thermal_slowdown_s,
+                ),
+                ts_ns,
+            )
+        )
+    return out
