@@ -235,6 +235,12 @@ FAMILIES: Final[tuple[Family, ...]] = (
     _f("control", "lease_s", "polca_control_lease_seconds", "Lease granted per message."),
     _f(
         "control",
+        "seq",
+        "polca_control_messages_total",
+        "Control messages published for the scope (decisions and lease renewals).",
+    ),
+    _f(
+        "control",
         "brakes",
         "polca_control_brakes_total",
         "Entries of the scope into the policy's top level (the brake).",
@@ -250,6 +256,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
         scale=1e3,
     ),
     _f("cooling_loop", "emergency", "polca_cooling_loop_emergency", "1 in a cooling emergency."),
+    _f("cooling_loop", "stale", "polca_cooling_loop_stale", "1 while the CDU's data is late."),
     # The aggregator's own health.
     _f(
         "aggregator",
@@ -258,6 +265,18 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "MQTT messages received.",
     ),
     _f("aggregator", "spool_bytes", "polca_aggregator_spool_bytes", "InfluxDB spool size."),
+    _f(
+        "aggregator",
+        "points_written",
+        "polca_aggregator_points_written_total",
+        "Points the database accepted.",
+    ),
+    _f(
+        "aggregator",
+        "points_spooled",
+        "polca_aggregator_points_spooled_total",
+        "Points written to the spool during outages.",
+    ),
     _f(
         "aggregator",
         "points_dropped",
