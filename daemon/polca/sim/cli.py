@@ -90,8 +90,18 @@ def actuation(text: str) -> tuple[str, float]:
 
 def _common(p: argparse.ArgumentParser) -> None:
     """Options shared by simulate and plan: the row, the load, timing, outputs."""
+    from polca.sim.profile import shipped_profile_names  # noqa: PLC0415 - --help stays light
+
     row = p.add_argument_group("row")
     row.add_argument("--model", default="A100-SXM4", help="GPU model (A100-SXM4, H100-SXM, ...)")
+    row.add_argument(
+        "--profile",
+        default=None,
+        metavar="NAME|FILE",
+        help="GPU/server profile: every model constant with its source (shipped: "
+        f"{', '.join(shipped_profile_names())}; or a YAML file, see docs/simulator.md); "
+        "overrides --model",
+    )
     row.add_argument(
         "--servers", type=int, default=40, help="servers the budget was provisioned for"
     )

@@ -43,6 +43,7 @@ def scenario_from_args(
     peak = args.diurnal_peak if args.diurnal_peak is not None else period / 2.0
     return Scenario(
         gpu=args.model,
+        profile=args.profile,
         base_servers=args.servers,
         gpus_per_server=args.gpus_per_server,
         oversubscription=oversubscription,

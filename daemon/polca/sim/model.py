@@ -45,8 +45,7 @@ import numpy.typing as npt
 
 from polca.errors import SimConfigError
 from polca.physics import power
-from polca.physics.presets import GpuModel, get_model
-from polca.workload.serving import serving_model
+from polca.sim.profile import SimProfile, shipped_profile, shipped_profile_names
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]
@@ -145,73 +144,38 @@ class ServerPreset:
     load_scale: float  # trace copies per server that make a row peak near 79%
 
 
-def _sim_gpu(
-    model: GpuModel,
-    *,
-    resident_power_w: float,
-    brake_sm_clock_mhz: int,
-    decode_mem_share: float = 0.6,
-) -> SimGpu:
-    serving = serving_model(model.name)
-    return SimGpu(
-        name=model.name,
-        tdp_w=model.tdp_w,
-        power_limit_min_w=model.power_limit_min_w,
-        power_limit_max_w=model.power_limit_max_w,
-        sm_clock_max_mhz=model.sm_clock_max_mhz,
-        sm_clock_min_mhz=model.sm_clock_min_mhz,
-        resident_power_w=resident_power_w,
-        prefill_power_min_frac=0.80,
-        prefill_power_max_frac=1.10,
-        prefill_power_ctx_tokens=4096.0,
-        decode_power_base_frac=0.45,
-        decode_power_per_request_frac=0.03,
-        decode_power_max_frac=0.65,
-        prefill_mem_share=model.mem_power_share,
-        decode_mem_share=decode_mem_share,
-        clock_power_exponent=model.clock_power_exponent,
-        prefill_tokens_per_s=serving.prefill_tokens_per_s,
-        prefill_clock_exponent=1.0,
-        decode_s_per_token=serving.decode_s_per_token,
-        decode_batch_penalty=0.02,
-        decode_clock_exponent=0.2,
-        brake_sm_clock_mhz=brake_sm_clock_mhz,
+def _from_profile(profile: SimProfile) -> tuple[SimGpu, ServerPreset]:
+    """The simulator's GPU and server of one profile (``polca.sim.profile``)."""
+    gpu, server = profile.values()
+    for name in ("sm_clock_max_mhz", "sm_clock_min_mhz", "brake_sm_clock_mhz"):
+        gpu[name] = int(gpu[name])
+    floats = {k: v if k.endswith("_mhz") else float(v) for k, v in gpu.items()}
+    return (
+        SimGpu(name=profile.name, **floats),  # type: ignore[arg-type]
+        ServerPreset(gpu=profile.name, **{k: float(v) for k, v in server.items()}),
     )
 
 
-SIM_GPUS: dict[str, SimGpu] = {
-    g.name.lower(): g
-    for g in (
-        # Idle with a resident model: 80.0 W A100, 121.7 W H100 (polca-paper.md §4.1).
-        # Brake clock: POLCA's ~288 MHz on A100; 20% of max on the others (as the policy).
-        _sim_gpu(get_model("A100-SXM4"), resident_power_w=80.0, brake_sm_clock_mhz=288),
-        _sim_gpu(get_model("A100-SXM4-40GB"), resident_power_w=78.0, brake_sm_clock_mhz=288),
-        _sim_gpu(get_model("H100-SXM"), resident_power_w=122.0, brake_sm_clock_mhz=396),
-        _sim_gpu(get_model("H200-SXM"), resident_power_w=130.0, brake_sm_clock_mhz=396),
-    )
-}
+def _shipped() -> tuple[dict[str, SimGpu], dict[str, ServerPreset]]:
+    gpus: dict[str, SimGpu] = {}
+    servers: dict[str, ServerPreset] = {}
+    for name in shipped_profile_names():
+        gpu, server = _from_profile(shipped_profile(name))
+        gpus[gpu.name.lower()] = gpu
+        servers[gpu.name.lower()] = server
+    return gpus, servers
 
-SERVER_PRESETS: dict[str, ServerPreset] = {
-    # DGX-A100: measured peak <= 5.7 kW of a 6.5 kW nameplate (POLCA §2.2); the row is
-    # provisioned at the measured peak. GPUs are ~60% of server power at that peak: with
-    # 8 GPUs near 3.5 kW, the rest (2x EPYC, 1-2 TB DRAM, NICs, NVSwitches, fans, PSU
-    # losses) draws ~2.2 kW, of which 1.3 kW is steady and the rest follows the GPUs.
-    "a100-sxm4": ServerPreset(
-        "A100-SXM4", provisioned_w=5700.0, other_w=1300.0, overhead_frac=0.25, load_scale=2.6
-    ),
-    "a100-sxm4-40gb": ServerPreset(
-        "A100-SXM4-40GB", provisioned_w=5700.0, other_w=1300.0, overhead_frac=0.25, load_scale=2.6
-    ),
-    # DGX-H100: 10.2 kW maximum input; provisioned like the A100 at ~88% of it [U].
-    "h100-sxm": ServerPreset(
-        "H100-SXM", provisioned_w=9000.0, other_w=2000.0, overhead_frac=0.25, load_scale=6.0
-    ),
-    "h200-sxm": ServerPreset(
-        "H200-SXM", provisioned_w=9000.0, other_w=2000.0, overhead_frac=0.25, load_scale=6.0
-    ),
-}
+
+# Every constant lives in the shipped profiles (polca/data/profiles/*.yaml), with its source;
+# docs/simulator.md tabulates them.
+SIM_GPUS, SERVER_PRESETS = _shipped()
 
 GPU_NAMES: tuple[str, ...] = tuple(g.name for g in SIM_GPUS.values())
+
+
+def profile_gpu_and_server(profile: SimProfile) -> tuple[SimGpu, ServerPreset]:
+    """The GPU and server a profile describes (``--profile``)."""
+    return _from_profile(profile)
 
 
 def sim_gpu(name: str) -> SimGpu:

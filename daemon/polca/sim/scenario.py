@@ -20,11 +20,15 @@ from polca.sim import report
 from polca.sim.model import (
     ControlConfig,
     RowConfig,
+    ServerPreset,
     SimConfig,
     SimConfigError,
+    SimGpu,
+    profile_gpu_and_server,
     server_preset,
     sim_gpu,
 )
+from polca.sim.profile import resolve_profile
 from polca.sim.runner import RunResult, assign_classes, run
 from polca.sim.workload import Envelope, Workload, WorkloadSpec, build_workload
 from polca.workload.trace import Trace
@@ -37,6 +41,7 @@ class Scenario:
     """A row, its load and its control loop; ``None`` fields take the GPU model's preset."""
 
     gpu: str = "A100-SXM4"
+    profile: str | None = None  # a shipped profile's name or a profile file; overrides gpu
     base_servers: int = 40  # what the budget was provisioned for
     gpus_per_server: int = 8
     oversubscription: float = 0.0  # deployed = base x (1 + this)
@@ -69,6 +74,13 @@ class Scenario:
         return replace(self, oversubscription=ratio)
 
 
+def gpu_and_server(s: Scenario) -> tuple[SimGpu, ServerPreset]:
+    """The GPU model and server defaults of ``s``: its profile's, or the GPU model's preset."""
+    if s.profile is not None:
+        return profile_gpu_and_server(resolve_profile(s.profile))
+    return sim_gpu(s.gpu), server_preset(s.gpu)
+
+
 def row_config(s: Scenario) -> RowConfig:
     """The deployed row of ``s`` (checks that it can exist at all)."""
     if s.base_servers < 1:
@@ -80,13 +92,13 @@ def row_config(s: Scenario) -> RowConfig:
             f"got {s.oversubscription}"
         )
         raise SimConfigError(msg)
-    preset = server_preset(s.gpu)
+    gpu, preset = gpu_and_server(s)
     provisioned_w = s.server_provisioned_w or preset.provisioned_w
     budget_w = s.budget_w if s.budget_w is not None else s.base_servers * provisioned_w
     return RowConfig(
         servers=s.servers,
         gpus_per_server=s.gpus_per_server,
-        gpu=sim_gpu(s.gpu),
+        gpu=gpu,
         budget_w=budget_w,
         server_other_w=preset.other_w if s.server_other_w is None else s.server_other_w,
         server_overhead_frac=(
@@ -97,7 +109,7 @@ def row_config(s: Scenario) -> RowConfig:
 
 def load_scale(s: Scenario) -> float:
     """The scenario's load scale, or the GPU model's calibrated default."""
-    return s.load_scale if s.load_scale is not None else server_preset(s.gpu).load_scale
+    return s.load_scale if s.load_scale is not None else gpu_and_server(s)[1].load_scale
 
 
 def workload(s: Scenario, trace: Trace) -> Workload:
@@ -146,6 +158,7 @@ def summarize(
     return {
         "row": {
             "gpu": row.gpu.name,
+            "profile": s.profile or row.gpu.name.lower(),
             "base_servers": s.base_servers,
             "servers": row.servers,
             "gpus_per_server": row.gpus_per_server,
