@@ -419,18 +419,7 @@ def _read_config(cls: type[BaseModel], path: Path) -> dict[str, Any]:
     from polca import yamlkit  # noqa: PLC0415 - only needed with a file
     from polca.errors import ConfigError  # noqa: PLC0415
 
-    try:
-        text = yamlkit.read_bounded(path).decode("utf-8")
-        raw = yamlkit.parse(text, source=str(path)).data
-    except OSError as exc:
-        msg = f"cannot read configuration {path}: {exc.strerror or exc}"
-        raise ConfigError(msg) from exc
-    except UnicodeDecodeError as exc:
-        msg = f"cannot read configuration {path}: not UTF-8 ({exc.reason} at byte {exc.start})"
-        raise ConfigError(msg) from exc
-    except yamlkit.YamlError as exc:
-        msg = f"cannot read configuration {exc}"
-        raise ConfigError(msg) from exc
+    raw = yamlkit.load_file(path, what="configuration", error=ConfigError)
     if raw is None:
         return {}
     if not isinstance(raw, dict):

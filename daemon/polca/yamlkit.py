@@ -108,6 +108,34 @@ def read_bounded(path: Path, limits: YamlLimits = DEFAULT_LIMITS) -> bytes:
     return data
 
 
+def load_file(
+    path: Path,
+    *,
+    what: str,
+    error: type[Exception],
+    limits: YamlLimits = DEFAULT_LIMITS,
+    source: str | None = None,
+) -> Any:
+    """The data of the YAML file at ``path`` (bounded, UTF-8, one document; None if empty).
+
+    Every failure (unreadable, too large, not UTF-8, malformed) raises ``error`` with a
+    message naming ``what`` ("configuration", "profile") and the file, chained.
+    """
+    source = source or str(path)
+    try:
+        text = read_bounded(path, limits).decode("utf-8")
+        return parse(text, source=source, limits=limits).data
+    except OSError as exc:
+        msg = f"cannot read {what} {source}: {exc.strerror or exc}"
+        raise error(msg) from exc
+    except UnicodeDecodeError as exc:
+        msg = f"cannot read {what} {source}: not UTF-8 ({exc.reason} at byte {exc.start})"
+        raise error(msg) from exc
+    except YamlError as exc:
+        msg = f"cannot read {what} {exc}"
+        raise error(msg) from exc
+
+
 def parse(text: str, *, source: str, limits: YamlLimits = DEFAULT_LIMITS) -> Document:
     """Parse one YAML document within ``limits``; ``source`` names it in messages.
 

@@ -304,18 +304,10 @@ def load_map(raw: Mapping[str, Any] | Path, *, where: str = "") -> ModbusCduConf
     source = where
     if isinstance(raw, Path):
         source = source or str(raw)
-        try:
-            text = yamlkit.read_bounded(raw).decode("utf-8")
-            raw = yamlkit.parse(text, source=source).data or {}
-        except OSError as exc:
-            msg = f"cannot read the Modbus register map {source}: {exc.strerror or exc}"
-            raise ConfigError(msg) from exc
-        except UnicodeDecodeError as exc:
-            msg = f"cannot read the Modbus register map {source}: not UTF-8 ({exc.reason})"
-            raise ConfigError(msg) from exc
-        except yamlkit.YamlError as exc:
-            msg = f"cannot read the Modbus register map {exc}"
-            raise ConfigError(msg) from exc
+        raw = (
+            yamlkit.load_file(raw, what="the Modbus register map", error=ConfigError, source=source)
+            or {}
+        )
     try:
         return ModbusCduConfig.model_validate(raw)
     except ValidationError as exc:

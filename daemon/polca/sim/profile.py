@@ -173,8 +173,12 @@ def parse_profile(text: str, *, source: str) -> SimProfile:
     try:
         data = yamlkit.parse(text, source=source, limits=PROFILE_LIMITS).data
     except yamlkit.YamlError as exc:
-        msg = f"profile {exc}"
+        msg = f"cannot read profile {exc}"
         raise SimConfigError(msg) from exc
+    return _validated(data, source=source)
+
+
+def _validated(data: object, *, source: str) -> SimProfile:
     try:
         return SimProfile.model_validate(data)
     except ValidationError as exc:
@@ -187,20 +191,8 @@ def parse_profile(text: str, *, source: str) -> SimProfile:
 
 def load_profile_file(path: Path) -> SimProfile:
     """Read and validate the profile at ``path``."""
-    try:
-        data = yamlkit.read_bounded(path, PROFILE_LIMITS)
-    except OSError as exc:
-        msg = f"cannot read profile {path}: {exc.strerror or exc}"
-        raise SimConfigError(msg) from exc
-    except yamlkit.YamlError as exc:
-        msg = f"profile {exc}"
-        raise SimConfigError(msg) from exc
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        msg = f"profile {path} is not UTF-8"
-        raise SimConfigError(msg) from exc
-    return parse_profile(text, source=str(path))
+    data = yamlkit.load_file(path, what="profile", error=SimConfigError, limits=PROFILE_LIMITS)
+    return _validated(data, source=str(path))
 
 
 def shipped_profile_names() -> tuple[str, ...]:
