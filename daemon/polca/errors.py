@@ -167,6 +167,17 @@ class SimConfigError(ConfigError):
     """A simulation cannot run with these inputs; the message names the input at fault."""
 
 
+class SimCollapsedError(PolcaError):
+    """A simulated row stopped serving its load (requests pile up without bound) or ran past
+    its time limit: the run is abandoned and the point reported as collapsed."""
+
+    def __init__(self, message: str, *, at_s: float, in_flight: int) -> None:
+        """``at_s``: simulated time of the collapse; ``in_flight``: requests then."""
+        super().__init__(message)
+        self.at_s = at_s
+        self.in_flight = in_flight
+
+
 class TraceError(ConfigError):
     """A trace file cannot be used; the message starts with ``FILE:LINE:``."""
 

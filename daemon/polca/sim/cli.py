@@ -88,6 +88,15 @@ def actuation(text: str) -> tuple[str, float]:
     return f"{seconds:g}s", seconds
 
 
+class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with every default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     """Options shared by simulate and plan: the row, the load, timing, outputs."""
     from polca.sim.profile import shipped_profile_names  # noqa: PLC0415 - --help stays light
@@ -105,7 +114,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     row.add_argument(
         "--servers", type=int, default=40, help="servers the budget was provisioned for"
     )
-    row.add_argument("--gpus-per-server", type=int, default=8)
+    row.add_argument("--gpus-per-server", type=int, default=8, help="GPUs in each server")
     row.add_argument("--rows", type=int, default=1, help="identical rows, each with its own load")
     row.add_argument(
         "--budget-w", type=float, default=None, help="row budget (default: servers x provisioned)"
@@ -150,11 +159,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="per-server delay drawn in [1-J, 1] x delay",
     )
-    ctl.add_argument("--trend-window-s", type=float, default=10.0)
+    ctl.add_argument(
+        "--trend-window-s", type=float, default=10.0, help="row power trend window (brake rule)"
+    )
     ctl.add_argument(
         "--brake-tolerance-s", type=float, default=5.0, help="over budget this long fires the brake"
     )
-    ctl.add_argument("--brake-hold-s", type=float, default=10.0)
+    ctl.add_argument(
+        "--brake-hold-s", type=float, default=10.0, help="how long a brake holds the clocks"
+    )
     load = p.add_argument_group("load")
     load.add_argument(
         "--trace",
@@ -171,14 +184,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--tenants", type=int, default=16, help="independent services the copies belong to"
     )
-    load.add_argument("--jitter-s", type=float, default=60.0)
+    load.add_argument(
+        "--jitter-s", type=float, default=60.0, help="random shift of each tenant's trace copy"
+    )
     load.add_argument(
         "--trace-offset", type=duration_s, default=0.0, help="start this far into the trace"
     )
     load.add_argument(
         "--duration", type=duration_s, default=3600.0, help="simulated time (e.g. 3600, 90m, 2h)"
     )
-    load.add_argument("--diurnal-period", type=duration_s, default=86400.0)
+    load.add_argument(
+        "--diurnal-period", type=duration_s, default=86400.0, help="length of the load's day"
+    )
     load.add_argument(
         "--diurnal-trough", type=float, default=1.0, help="load at night / at peak (1 = flat)"
     )
@@ -189,12 +206,24 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="when the load peaks (default: mid-period)",
     )
     run = p.add_argument_group("run")
-    run.add_argument("--step-s", type=float, default=0.1)
+    run.add_argument("--step-s", type=float, default=0.1, help="simulation step")
     run.add_argument(
         "--max-wait-s", type=float, default=30.0, help="a prompt queued longer is dropped"
     )
     run.add_argument("--warmup", type=duration_s, default=60.0, help="left out of the metrics")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=int, default=0, help="workload seed (first of --seeds)")
+    run.add_argument(
+        "--max-in-flight-per-gpu",
+        type=int,
+        default=1024,
+        help="more requests in flight per GPU means the row collapsed: the run stops",
+    )
+    run.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=None,
+        help="wall time per run (each point of a plan), then it counts as collapsed",
+    )
     run.add_argument("--out", type=Path, default=None, help="write JSON, CSV and PNG files here")
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     run.add_argument("--json", action="store_true", help="print the JSON summary instead of text")
@@ -204,6 +233,7 @@ def add_parsers(subparsers: Any) -> None:
     """Add ``simulate`` and ``plan`` to the ``polca`` command's subparsers."""
     sim = subparsers.add_parser(
         "simulate",
+        formatter_class=_DefaultsShown,
         help="replay a request trace on a simulated row under a policy, against uncapped",
         description="Simulate an oversubscribed row of GPU servers serving an LLM request "
         "trace, capped by a polca policy through the production engine, and report the "
@@ -223,6 +253,7 @@ def add_parsers(subparsers: Any) -> None:
 
     plan = subparsers.add_parser(
         "plan",
+        formatter_class=_DefaultsShown,
         help="find the largest deployment that meets latency SLOs with zero brake events",
         description="Sweep oversubscription (and optionally T1/T2) for one or more policies "
         "and actuation delays; report the largest deployment meeting the SLOs with at most "
@@ -251,13 +282,29 @@ def add_parsers(subparsers: Any) -> None:
         "--t2-pct", type=number_list, default=[], help="sweep the second threshold too"
     )
     slo = plan.add_argument_group("SLOs (% against uncapped; POLCA's by default)")
-    slo.add_argument("--slo-hp-p50-pct", type=float, default=1.0)
-    slo.add_argument("--slo-hp-p99-pct", type=float, default=5.0)
-    slo.add_argument("--slo-lp-loss-pct", type=float, default=2.0)
-    slo.add_argument("--slo-lp-p50-pct", type=float, default=5.0)
-    slo.add_argument("--slo-lp-p99-pct", type=float, default=50.0)
-    slo.add_argument("--max-brakes", type=int, default=0)
+    slo.add_argument(
+        "--slo-hp-p50-pct", type=float, default=1.0, help="high-priority P50 latency impact"
+    )
+    slo.add_argument(
+        "--slo-hp-p99-pct", type=float, default=5.0, help="high-priority P99 latency impact"
+    )
+    slo.add_argument(
+        "--slo-lp-loss-pct", type=float, default=2.0, help="low-priority throughput loss"
+    )
+    slo.add_argument(
+        "--slo-lp-p50-pct", type=float, default=5.0, help="low-priority P50 latency impact"
+    )
+    slo.add_argument(
+        "--slo-lp-p99-pct", type=float, default=50.0, help="low-priority P99 latency impact"
+    )
+    slo.add_argument("--max-brakes", type=int, default=0, help="brake events allowed")
     plan.add_argument("--jobs", type=int, default=1, help="worker processes")
+    plan.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="workload seeds per point (from --seed); a point passes only if every seed does",
+    )
     _common(plan)
 
 

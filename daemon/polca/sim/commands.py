@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from polca.errors import ConfigError, PolicyError
+from polca.errors import ConfigError, PolicyError, SimCollapsedError
 from polca.policy import Policy, load_policy
 from polca.sim import plan as plan_mod
 from polca.sim import report
@@ -65,6 +65,8 @@ def scenario_from_args(
         max_wait_s=args.max_wait_s,
         warmup_s=args.warmup,
         seed=args.seed,
+        max_in_flight_per_gpu=args.max_in_flight_per_gpu,
+        time_limit_s=args.time_limit_s,
     )
 
 
@@ -86,6 +88,9 @@ def run(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
     except ConfigError as exc:  # SimConfigError and TraceError (FILE:LINE: message)
         err.write(f"{exc}\n")
         return EX_USAGE
+    except SimCollapsedError as exc:  # simulate only: a plan reports it per point
+        err.write(f"the simulated row {exc}\n")
+        return 1
 
 
 def _calibrated(scenario: Scenario, args: argparse.Namespace, trace: Any, err: TextIO) -> Scenario:
@@ -160,11 +165,34 @@ def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
         lp_p99_pct=args.slo_lp_p99_pct,
         max_brakes=args.max_brakes,
     )
-    result = plan_mod.run_plan(
-        scenario, trace, variants, ratios=args.oversubscription, slo=slo, jobs=args.jobs
-    )
+    on_point = None
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
+        partial = args.out / "plan.points.jsonl"
+        partial.write_text("", encoding="utf-8")
+
+        def on_point(ratio: float, points: list[dict[str, Any]]) -> None:
+            with partial.open("a", encoding="utf-8") as f:  # kept if the plan is interrupted
+                for v, point in zip(variants, points, strict=True):
+                    record = {"scenario": v.name, **point}
+                    f.write(json.dumps(report._jsonable(record)) + "\n")
+
+    def progress(done: int, total: int, ratio: float, seconds: float) -> None:
+        bar = "#" * round(20 * done / total)
+        err.write(f"plan [{bar:<20}] {done}/{total} points, {ratio:+.0%} done, {seconds:.0f} s\n")
+
+    result = plan_mod.run_plan(
+        scenario,
+        trace,
+        variants,
+        ratios=args.oversubscription,
+        slo=slo,
+        jobs=args.jobs,
+        seeds=args.seeds,
+        progress=progress,
+        on_point=on_point,
+    )
+    if args.out is not None:
         report.write_json(args.out / "plan.json", result)
         _write_plan_csv(args.out / "plan.csv", result)
         if not args.no_plots:

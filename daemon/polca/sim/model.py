@@ -295,8 +295,19 @@ class SimConfig:
     # The row fills up from idle at the start; like the aggregator's warm-up, the trend
     # history starts after it (the ramp is not a trend) and metrics leave it out.
     warmup_s: float = 0.0
+    # Bounds on a run that has collapsed (the load outruns the row: decodes pile up without
+    # bound): past this many requests in flight per GPU, or this much wall time, the run
+    # stops with SimCollapsedError. A run that ends is never changed by them.
+    max_in_flight_per_gpu: int = 1024
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.max_in_flight_per_gpu < 1:
+            msg = f"max_in_flight_per_gpu must be at least 1, got {self.max_in_flight_per_gpu}"
+            raise SimConfigError(msg)
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            msg = f"time_limit_s must be positive, got {self.time_limit_s}"
+            raise SimConfigError(msg)
         if self.rows < 1:
             msg = f"rows must be at least 1, got {self.rows}"
             raise SimConfigError(msg)

@@ -21,14 +21,16 @@ the inputs, not on the number of workers).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from typing import Any
 
 from pydantic import ValidationError
 
+from polca.errors import SimCollapsedError
 from polca.policy import Policy
 from polca.sim.model import ControlConfig, SimConfigError
 from polca.sim.scenario import Scenario, run_once, summarize
@@ -99,10 +101,24 @@ def best_point(points: Sequence[dict[str, Any]], slo: Slo) -> dict[str, Any] | N
     """The largest-ratio point such that it and every smaller one meet ``slo``; or None."""
     best = None
     for point in sorted(points, key=lambda p: p["oversubscription_pct"]):
-        if slo.violations(point):
+        if point_violations(point, slo):
             break
         best = point
     return best
+
+
+def point_violations(point: dict[str, Any], slo: Slo) -> list[str]:
+    """Why a point misses ``slo``: a collapse, or any seed's miss (labelled by seed when
+    there are several); empty when it meets it."""
+    seeds = point.get("seeds") or [None]
+    if point.get("collapsed"):
+        return [f"collapsed ({point['collapsed']})"]
+    by_seed = point.get("by_seed") or [point]
+    out: list[str] = []
+    for seed, values in zip(seeds, by_seed, strict=True):
+        label = f"seed {seed}: " if len(seeds) > 1 else ""
+        out.extend(label + v for v in slo.violations(values))
+    return out
 
 
 def threshold_variants(
@@ -148,17 +164,99 @@ def _rule_messages(exc: ValidationError) -> list[str]:
     return out
 
 
-def _ratio_task(
+_METRICS: tuple[str, ...] = (
+    "hp_p50_impact_pct",
+    "hp_p99_impact_pct",
+    "hp_throughput_loss_pct",
+    "lp_p50_impact_pct",
+    "lp_p99_impact_pct",
+    "lp_throughput_loss_pct",
+    "brake_events",
+    "peak_pct",
+    "uncapped_peak_pct",
+    "capped_time_pct",
+    "capping_events",
+)
+"""The numbers of a point that vary between seeds (``plan_point``'s, less the sizes)."""
+
+
+def _collapsed_point(scenario: Scenario, reason: str) -> dict[str, Any]:
+    """A point whose run collapsed: no metrics, the reason."""
+    return {
+        "oversubscription_pct": 100.0 * (scenario.servers / scenario.base_servers - 1.0),
+        "servers": scenario.servers,
+        **dict.fromkeys(_METRICS),
+        "collapsed": reason,
+    }
+
+
+def _seed_points(
     scenario: Scenario, trace: Trace, variants: Sequence[Variant]
 ) -> list[dict[str, Any]]:
-    """Every variant at one ratio, against one shared uncapped run."""
-    base = run_once(scenario, trace, None)
+    """Every variant at one ratio and seed, against one shared uncapped run."""
+    try:
+        base = run_once(scenario, trace, None)
+    except SimCollapsedError as exc:
+        return [_collapsed_point(scenario, f"uncapped reference {exc}") for _ in variants]
     out = []
     for v in variants:
         s = replace(scenario, control=v.control)
-        capped = run_once(s, trace, v.policy)
+        try:
+            capped = run_once(s, trace, v.policy)
+        except SimCollapsedError as exc:
+            out.append(_collapsed_point(s, str(exc)))
+            continue
         out.append(plan_point(summarize(s, trace, capped, base, policy_file=v.policy_file)))
     return out
+
+
+def _ratio_task(
+    scenario: Scenario, trace: Trace, variants: Sequence[Variant], seeds: Sequence[int]
+) -> list[list[dict[str, Any]]]:
+    """Every variant at one ratio, for each seed: ``[seed][variant]`` points."""
+    return [_seed_points(replace(scenario, seed=seed), trace, variants) for seed in seeds]
+
+
+def merge_seeds(
+    ratio: float, per_seed: Sequence[dict[str, Any]], seeds: Sequence[int], slo: Slo
+) -> dict[str, Any]:
+    """One variant's point at one ratio over its seeds: the mean of each metric, its spread
+    (min, max), and the violations of every seed (a pass needs every seed to pass)."""
+    first = per_seed[0]
+    point: dict[str, Any] = {
+        "ratio": ratio,
+        "oversubscription_pct": first["oversubscription_pct"],
+        "servers": first["servers"],
+        "seeds": list(seeds),
+    }
+    collapsed = [
+        (seed, p["collapsed"])
+        for seed, p in zip(seeds, per_seed, strict=True)
+        if p.get("collapsed")
+    ]
+    if collapsed:
+        point.update(dict.fromkeys(_METRICS))
+        seed, why = collapsed[0]
+        point["collapsed"] = f"seed {seed}: {why}" if len(seeds) > 1 else why
+        point["violations"] = point_violations(point, slo)
+        return point
+    spread: dict[str, list[float]] = {}
+    for key in _METRICS:
+        values = [float(p[key]) for p in per_seed if p[key] is not None]
+        point[key] = sum(values) / len(values) if values else None
+        if values:
+            spread[key] = [min(values), max(values)]
+    point["spread"] = spread
+    if len(seeds) > 1:
+        point["by_seed"] = [{key: p[key] for key in _METRICS} for p in per_seed]
+    point["violations"] = point_violations(point, slo)
+    return point
+
+
+ProgressFn = Callable[[int, int, float, float], None]
+"""``(done, total, ratio, seconds)`` after each ratio finished."""
+PointFn = Callable[[float, list[dict[str, Any]]], None]
+"""``(ratio, points by variant)`` as soon as a ratio finished (keep partial results)."""
 
 
 def run_plan(
@@ -169,30 +267,58 @@ def run_plan(
     ratios: Sequence[float],
     slo: Slo,
     jobs: int = 1,
+    seeds: int = 1,
+    progress: ProgressFn | None = None,
+    on_point: PointFn | None = None,
 ) -> dict[str, Any]:
-    """Sweep ``ratios`` for every variant; JSON-able result with each variant's best point."""
+    """Sweep ``ratios`` for every variant; JSON-able result with each variant's best point.
+
+    With ``seeds`` > 1 every point runs that many workload seeds (from the scenario's):
+    the metrics are their means with the spread, and a point passes only when every seed
+    does. A run that collapses (``SimCollapsedError``) is a failing point that says why.
+    """
     if not variants:
         msg = "a plan needs at least one policy"
         raise SimConfigError(msg)
     if not ratios:
         msg = "a plan needs at least one oversubscription ratio"
         raise SimConfigError(msg)
+    if seeds < 1:
+        msg = f"seeds must be at least 1, got {seeds}"
+        raise SimConfigError(msg)
     ratios = sorted(set(ratios))
-    tasks = [scenario.with_oversubscription(r) for r in ratios]
+    seed_list = [scenario.seed + i for i in range(seeds)]
+    merged: dict[float, list[dict[str, Any]]] = {}
+
+    def finished(ratio: float, raw: list[list[dict[str, Any]]], started_s: float) -> None:
+        merged[ratio] = [
+            merge_seeds(ratio, [raw[s][i] for s in range(seeds)], seed_list, slo)
+            for i in range(len(variants))
+        ]
+        if on_point is not None:
+            on_point(ratio, merged[ratio])
+        if progress is not None:
+            progress(len(merged), len(ratios), ratio, time.monotonic() - started_s)
+
+    started_s = time.monotonic()
+    tasks = {r: scenario.with_oversubscription(r) for r in ratios}
     if jobs > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            per_ratio = list(
-                pool.map(_ratio_task, tasks, [trace] * len(tasks), [variants] * len(tasks))
-            )
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+        try:
+            futures = {
+                pool.submit(_ratio_task, task, trace, variants, seed_list): r
+                for r, task in tasks.items()
+            }
+            for future in as_completed(futures):
+                finished(futures[future], future.result(), started_s)
+        finally:  # an interrupt (^C) cancels what has not started; finished points stay
+            pool.shutdown(wait=True, cancel_futures=True)
     else:
-        per_ratio = [_ratio_task(t, trace, variants) for t in tasks]
+        for r, task in tasks.items():
+            finished(r, _ratio_task(task, trace, variants, seed_list), started_s)
     result_variants = []
     for i, v in enumerate(variants):
-        points = []
-        for ratio, row in zip(ratios, per_ratio, strict=True):
-            point = {"ratio": ratio, **row[i]}
-            point["violations"] = slo.violations(point)
-            points.append(point)
+        points = [merged[r][i] for r in ratios]
         best = best_point(points, slo)
         result_variants.append(
             {
@@ -209,6 +335,7 @@ def run_plan(
         "slo": asdict(slo),
         "base_servers": scenario.base_servers,
         "ratios": list(ratios),
+        "seeds": seed_list,
         "scenarios": result_variants,
     }
 
@@ -227,30 +354,48 @@ def render_text(plan: dict[str, Any]) -> str:
                 f"  {p['oversubscription_pct']:5.1f}  {p['servers']:7d}  "
                 f"{_fmt(p['hp_p50_impact_pct'])}  {_fmt(p['hp_p99_impact_pct'])}  "
                 f"{_fmt(p['lp_p50_impact_pct'])}  {_fmt(p['lp_p99_impact_pct'])}  "
-                f"{_fmt(p['lp_throughput_loss_pct'], 7)}  {p['brake_events']:6.0f}  "
-                f"{p['peak_pct']:5.1f}  {p['capped_time_pct']:7.1f}  {mark}"
+                f"{_fmt(p['lp_throughput_loss_pct'], 7)}  {_fmt(p['brake_events'], 6, 0)}  "
+                f"{_fmt(p['peak_pct'], 5, 1)}  {_fmt(p['capped_time_pct'], 7, 1)}  {mark}"
             )
-        best = v["best"]
-        if best is None:
-            lines.append("  -> no swept deployment meets the SLOs")
-        else:
-            lines.append(
-                f"  -> {best['servers']} servers (+{best['oversubscription_pct']:.1f}% over "
-                f"{plan['base_servers']}) meet the SLOs with "
-                f"{best['brake_events']:.0f} brake events"
-            )
+        lines.extend(_verdict(v, plan))
     return "\n".join(lines) + "\n"
 
 
-def _fmt(value: float | None, width: int = 6) -> str:
-    return f"{'-':>{width}}" if value is None or math.isnan(value) else f"{value:{width}.2f}"
+def _verdict(variant: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """The recommendation, and what to sweep next when the grid's edge decided it."""
+    best, points = variant["best"], variant["points"]
+    seeds = len(plan.get("seeds", [0]))
+    over = f" in every one of {seeds} seeds" if seeds > 1 else ""
+    if best is None:
+        low = points[0]
+        return [
+            f"  -> no swept deployment meets the SLOs{over}: the lowest swept, "
+            f"{low['oversubscription_pct']:+.1f}% ({low['servers']} servers), already misses "
+            f"({'; '.join(low['violations'])}); sweep lower ratios"
+        ]
+    lines = [
+        f"  -> {best['servers']} servers (+{best['oversubscription_pct']:.1f}% over "
+        f"{plan['base_servers']}) meet the SLOs{over} with "
+        f"{best['brake_events']:.0f} brake events"
+    ]
+    if best is points[-1]:
+        lines.append("     (the highest swept ratio: the frontier may lie beyond; sweep higher)")
+    return lines
+
+
+def _fmt(value: float | None, width: int = 6, digits: int = 2) -> str:
+    if value is None or math.isnan(value):
+        return f"{'-':>{width}}"
+    return f"{value:{width}.{digits}f}"
 
 
 __all__ = [
     "Slo",
     "Variant",
     "best_point",
+    "merge_seeds",
     "plan_point",
+    "point_violations",
     "render_text",
     "run_plan",
     "threshold_variants",

@@ -42,6 +42,7 @@ Deterministic: the same inputs and seed give the same result.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import cast
 
@@ -49,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 import polca.policy as policy_api
+from polca.errors import SimCollapsedError
 from polca.physics import power
 from polca.policy import ControlInput, EngineState, GpuView, LadderState, Policy
 from polca.policy.trend import trend_w_per_s
@@ -237,6 +239,26 @@ def _routing(
     )
 
 
+_GUARD_STEPS = 50
+"""Steps between the collapse checks (requests in flight, wall time)."""
+
+
+def _guard(in_flight: int, cap: int, deadline: float | None, t_s: float, config: SimConfig) -> None:
+    """Raise ``SimCollapsedError`` when the run has collapsed or is out of time."""
+    if in_flight > cap:
+        msg = (
+            f"collapsed at t={t_s:.0f} s: {in_flight} requests in flight, over "
+            f"{config.max_in_flight_per_gpu} per GPU (the row cannot serve this load)"
+        )
+        raise SimCollapsedError(msg, at_s=t_s, in_flight=in_flight)
+    if deadline is not None and time.monotonic() > deadline:
+        msg = (
+            f"collapsed at t={t_s:.0f} s: over the time limit of {config.time_limit_s:g} s "
+            f"({in_flight} requests in flight)"
+        )
+        raise SimCollapsedError(msg, at_s=t_s, in_flight=in_flight)
+
+
 def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
     config: SimConfig,
     workload: Workload,
@@ -359,8 +381,12 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
     lock_eff = speed_pre = scale_pre = scale_dec = dec_speed = sos = q_lim = tbt_slow = lock
     q_lim_min = 0.0
 
+    in_flight_cap = config.max_in_flight_per_gpu * n_gpus
+    deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
     for k in range(n_steps):
         t0 = k * dt
+        if k % _GUARD_STEPS == 0:
+            _guard(prefill.shape[1] + decode.shape[1], in_flight_cap, deadline, t0, config)
 
         # --- 1. control ------------------------------------------------------------------
         if engine is not None and k % period_steps == 0 and k - delay_steps >= period_steps:

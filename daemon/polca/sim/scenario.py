@@ -63,6 +63,8 @@ class Scenario:
     max_wait_s: float = 30.0
     warmup_s: float = 60.0
     seed: int = 0
+    max_in_flight_per_gpu: int = 1024  # past it the run has collapsed (SimCollapsedError)
+    time_limit_s: float | None = None  # wall time per run, then collapsed
 
     @property
     def servers(self) -> int:
@@ -137,6 +139,8 @@ def run_once(s: Scenario, trace: Trace, policy: Policy | None) -> RunResult:
         step_s=s.step_s,
         max_wait_s=s.max_wait_s,
         warmup_s=s.warmup_s,
+        max_in_flight_per_gpu=s.max_in_flight_per_gpu,
+        time_limit_s=s.time_limit_s,
     )
     if not 0.0 <= s.warmup_s < s.duration_s:
         msg = f"warmup_s ({s.warmup_s} s) must be within [0, duration_s ({s.duration_s} s))"
