@@ -11,6 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot
+import numpy as np
 import pytest
 
 from polca.errors import SimCollapsedError
@@ -184,3 +186,67 @@ def test_seeds_below_one_are_refused(a100_policy: Policy) -> None:
     with pytest.raises(SimConfigError, match="seeds"):
         run_plan(s, load_trace("azure-code"), [Variant("v", a100_policy, s.control)],
                  ratios=[0.0], slo=Slo(), seeds=0)  # fmt: skip
+
+
+def test_the_frontier_legend_is_outside_the_data_and_collapses_are_marked() -> None:
+    """The legend sits under the panels, overlapping none; a collapsed point is an x."""
+    from polca.sim import plots
+
+    slo = Slo()
+    pts = [
+        {**point(0.1), "peak_pct": 90.0, "capped_time_pct": 1.0, "violations": []},
+        {**point(0.2), "peak_pct": 99.0, "capped_time_pct": 9.0, "violations": []},
+        {
+            **dict.fromkeys(point(0.3)),
+            "oversubscription_pct": 30.0,
+            "servers": 52,
+            "collapsed": "collapsed at t=45 s",
+            "violations": ["collapsed"],
+        },
+    ]
+    plan = {
+        "slo": {
+            "hp_p50_pct": slo.hp_p50_pct,
+            "hp_p99_pct": slo.hp_p99_pct,
+            "lp_loss_pct": slo.lp_loss_pct,
+            "lp_p50_pct": slo.lp_p50_pct,
+            "lp_p99_pct": slo.lp_p99_pct,
+            "max_brakes": 0,
+        },
+        "scenarios": [{"name": f"variant {i}", "points": pts, "best": pts[1]} for i in range(5)],
+    }
+    fig = plots.frontier_figure(plan)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes:
+        tight = ax.get_tightbbox(renderer)
+        assert tight is not None
+        assert not box.overlaps(tight), ax.get_title()
+    crosses = [
+        line
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_marker() == "x" and np.asarray(line.get_xdata()).size == 1
+    ]
+    assert len(crosses) == 6 * 5  # every panel, every variant
+    matplotlib.pyplot.close(fig)
+
+
+def test_the_latency_figure_has_a_linear_impact_panel(a100_policy: Policy) -> None:
+    """Beside the CDF, the impact per percentile on linear axes, positive under caps."""
+    from polca.sim import plots
+    from polca.sim.scenario import simulate
+
+    s = tiny_scenario(oversubscription=0.5)
+    capped, base, _ = simulate(s, load_trace("azure-code"), a100_policy)
+    fig = plots.latency_figure(capped, base, warmup_s=s.warmup_s)
+    cdf, impact = fig.axes
+    assert cdf.get_xscale() == "log"
+    assert (impact.get_xscale(), impact.get_yscale()) == ("linear", "linear")
+    lines = {line.get_label(): line for line in impact.get_lines()}
+    assert {"high", "low"} <= set(lines)
+    low = np.asarray(lines["low"].get_ydata(), dtype=float)
+    assert np.nanmax(low) > 0.0  # some percentile slower when capped
+    matplotlib.pyplot.close(fig)

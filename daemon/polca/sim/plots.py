@@ -16,6 +16,7 @@ mpl.use("Agg")
 
 import matplotlib.pyplot as plt  # the backend is chosen first
 import numpy as np
+from matplotlib.figure import Figure
 
 from polca.sim.runner import RunResult
 from polca.sim.workload import HP, LP
@@ -63,19 +64,37 @@ def power_plot(path: Path, capped: RunResult, base: RunResult, *, row: int = 0) 
 
 
 def latency_plot(path: Path, capped: RunResult, base: RunResult, *, warmup_s: float) -> None:
-    """Latency CDFs per class, capped (solid) against uncapped (dashed)."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    """``latency_figure`` as a PNG."""
+    fig = latency_figure(capped, base, warmup_s=warmup_s)
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+
+
+def latency_figure(capped: RunResult, base: RunResult, *, warmup_s: float) -> Figure:
+    """Left: latency CDFs per class, capped (solid) against uncapped (dashed), log scale.
+    Right: the impact per percentile (capped over uncapped, %), on a linear scale, where
+    the few percent the SLOs are about show (the SLO percentiles marked)."""
+    fig, (ax, impact) = plt.subplots(1, 2, figsize=(10, 4))
+    percentiles = np.linspace(1.0, 99.9, 200)
     for cls in (HP, LP):
         name, color = _CLASS_STYLE[cls]
+        sorted_lat = {}
         for result, style, label in ((capped, "-", "capped"), (base, "--", "uncapped")):
             mask = (result.req_cls == cls) & (result.req_arrival_s >= warmup_s)
             lat = np.sort(result.req_latency_s[mask])
             if not len(lat):
                 continue
+            sorted_lat[label] = lat
             # At most ~2,000 points per curve keeps the PNG small.
             take = np.unique(np.linspace(0, len(lat) - 1, min(len(lat), 2000)).astype(int))
             cdf = (take + 1) / len(lat)
             ax.plot(lat[take], cdf, style, color=color, linewidth=1, label=f"{name} {label}")
+        if len(sorted_lat) == 2:
+            capped_p = np.percentile(sorted_lat["capped"], percentiles)
+            base_p = np.percentile(sorted_lat["uncapped"], percentiles)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                pct = np.where(base_p > 0, 100.0 * (capped_p / base_p - 1.0), np.nan)
+            impact.plot(percentiles, pct, color=color, linewidth=1, label=name)
     ax.set_xscale("log")
     ax.set_xlabel("request latency, s (arrival to last token)")
     ax.set_ylabel("fraction of requests")
@@ -83,12 +102,25 @@ def latency_plot(path: Path, capped: RunResult, base: RunResult, *, warmup_s: fl
     ax.axhline(0.99, color="0.8", linewidth=0.6)
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(f"latency by class, {capped.policy_name}", fontsize=9)
+    for q in (50, 99):
+        impact.axvline(q, color="0.8", linewidth=0.6)
+    impact.axhline(0.0, color="0.5", linewidth=0.6)
+    impact.set_xlabel("percentile of request latency")
+    impact.set_ylabel("latency impact, % (capped vs uncapped)")
+    impact.set_title("impact per percentile (linear)", fontsize=9)
+    impact.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
+    return fig
+
+
+def frontier_plot(path: Path, plan: dict[str, Any]) -> None:
+    """``frontier_figure`` as a PNG."""
+    fig = frontier_figure(plan)
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
 
 
-def frontier_plot(path: Path, plan: dict[str, Any]) -> None:
+def frontier_figure(plan: dict[str, Any]) -> Figure:
     """Per variant: every SLO metric and brake events against oversubscription.
 
     Each panel's scale stops at 4x its limit; points beyond are drawn on the top edge
@@ -118,6 +150,15 @@ def frontier_plot(path: Path, plan: dict[str, Any]) -> None:
             over = ys > top
             if over.any():
                 ax.plot(xs[over], shown[over], "^", color=line.get_color(), markersize=6)
+            collapsed = np.array([bool(p.get("collapsed")) for p in points])
+            if collapsed.any():
+                ax.plot(
+                    xs[collapsed],
+                    np.full(int(collapsed.sum()), top),
+                    "x",
+                    color=line.get_color(),
+                    markersize=7,
+                )
             best = variant["best"]
             if best is not None:
                 ax.axvline(
@@ -132,15 +173,17 @@ def frontier_plot(path: Path, plan: dict[str, Any]) -> None:
         ax.tick_params(labelsize=8)
     for ax in axes[1]:
         ax.set_xlabel("oversubscription, % more servers", fontsize=8)
-    axes[0, 0].legend(fontsize=7)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    # The legend goes under the panels, never over the data.
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7)
     fig.suptitle(
         "capacity frontier: red = SLO limit, dotted = largest deployment meeting every SLO, "
-        "^ = off scale",
+        "^ = off scale, x = collapsed",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
+    rows_of_legend = -(-len(labels) // 4)
+    fig.tight_layout(rect=(0.0, 0.04 * rows_of_legend + 0.02, 1.0, 1.0))
+    return fig
 
 
-__all__ = ["frontier_plot", "latency_plot", "power_plot"]
+__all__ = ["frontier_figure", "frontier_plot", "latency_figure", "latency_plot", "power_plot"]
