@@ -18,7 +18,15 @@ import pytest
 from polca.errors import SimCollapsedError
 from polca.policy import Policy
 from polca.sim import cli
-from polca.sim.plan import Slo, Variant, merge_seeds, point_violations, render_text, run_plan
+from polca.sim.plan import (
+    Slo,
+    Variant,
+    bisect_plan,
+    merge_seeds,
+    point_violations,
+    render_text,
+    run_plan,
+)
 from polca.sim.scenario import run_once
 from polca.sim.workload import load_trace
 from tests.sim.conftest import A100_POLICY, tiny_scenario
@@ -250,3 +258,24 @@ def test_the_latency_figure_has_a_linear_impact_panel(a100_policy: Policy) -> No
     low = np.asarray(lines["low"].get_ydata(), dtype=float)
     assert np.nanmax(low) > 0.0  # some percentile slower when capped
     matplotlib.pyplot.close(fig)
+
+
+def test_bisection_finds_the_grids_answer_with_fewer_runs(a100_policy: Policy) -> None:
+    """--search bisect: the same best deployment as the full grid, from fewer points."""
+    s = tiny_scenario(duration_s=180.0)
+    trace = load_trace("azure-code")
+    variants = [Variant("oob", a100_policy, s.control)]
+    grid = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25]
+    full = run_plan(s, trace, variants, ratios=grid, slo=Slo())
+    fast = bisect_plan(s, trace, variants, ratios=grid, slo=Slo())
+    assert fast["search"] == "bisect"
+    (f,), (b,) = full["scenarios"], fast["scenarios"]
+    assert b["best_servers"] == f["best_servers"]
+    assert len(b["points"]) < len(f["points"])
+    ratios = [p["ratio"] for p in b["points"]]
+    assert ratios == sorted(ratios)
+    assert ratios[0] == 0.0
+    # Every evaluated point agrees with the grid's at the same ratio.
+    by_ratio = {p["ratio"]: p for p in f["points"]}
+    for p in b["points"]:
+        assert p["violations"] == by_ratio[p["ratio"]]["violations"]

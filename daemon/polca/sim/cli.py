@@ -276,6 +276,13 @@ def add_parsers(subparsers: Any) -> None:
         help="START:STOP:STEP or a list",
     )
     plan.add_argument(
+        "--search",
+        choices=["grid", "bisect"],
+        default="grid",
+        help="grid: every ratio of --oversubscription; bisect: the same answer from "
+        "log2(n) + 2 of them per policy (assumes more servers never help)",
+    )
+    plan.add_argument(
         "--t1-pct", type=number_list, default=[], help="sweep the first threshold too"
     )
     plan.add_argument(

@@ -181,7 +181,8 @@ def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
         bar = "#" * round(20 * done / total)
         err.write(f"plan [{bar:<20}] {done}/{total} points, {ratio:+.0%} done, {seconds:.0f} s\n")
 
-    result = plan_mod.run_plan(
+    search = plan_mod.bisect_plan if args.search == "bisect" else plan_mod.run_plan
+    result = search(
         scenario,
         trace,
         variants,
