@@ -94,7 +94,7 @@ def test_seeds_report_a_spread_and_pass_only_together() -> None:
 def test_points_arrive_one_by_one_with_progress(a100_policy: Policy) -> None:
     """Each finished ratio is handed over at once (an interrupted plan keeps them)."""
     s = tiny_scenario(duration_s=180.0)
-    seen: list[tuple[float, list[dict[str, Any]]]] = []
+    seen: list[tuple[float, list[tuple[str, dict[str, Any]]]]] = []
     ticks: list[tuple[int, int]] = []
     result = run_plan(
         s,

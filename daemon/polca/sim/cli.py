@@ -275,6 +275,30 @@ def add_parsers(subparsers: Any) -> None:
         default=ratio_grid("0:0.5:0.05"),
         help="START:STOP:STEP or a list",
     )
+    hist = plan.add_argument_group(
+        "history (plan from a row's recorded power instead of a request trace)"
+    )
+    hist.add_argument(
+        "--history",
+        default=None,
+        metavar="CSV|URL",
+        help="CSV of timestamp,power_w[,hp_power_w,lp_power_w] for a row of --servers, or "
+        "http://HOST:8086/DATABASE (InfluxDB 1.x with polca's row measurement)",
+    )
+    hist.add_argument("--history-row", default=None, help="the row's name in InfluxDB")
+    hist.add_argument("--history-site", default=None, help="the site's name in InfluxDB")
+    hist.add_argument(
+        "--history-since", default="60d", help="how far back to read InfluxDB (e.g. 42d)"
+    )
+    hist.add_argument(
+        "--history-step-s", type=float, default=2.0, help="readings averaged onto this step"
+    )
+    hist.add_argument(
+        "--decode-share",
+        type=float,
+        default=0.5,
+        help="share of the GPUs' busy time spent decoding (memory-bound)",
+    )
     plan.add_argument(
         "--search",
         choices=["grid", "bisect"],

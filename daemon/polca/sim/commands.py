@@ -20,7 +20,13 @@ from polca.policy import Policy, load_policy
 from polca.sim import plan as plan_mod
 from polca.sim import report
 from polca.sim.model import ControlConfig, SimConfigError
-from polca.sim.scenario import Scenario, calibrate_load_scale, simulate
+from polca.sim.scenario import (
+    Scenario,
+    calibrate_load_scale,
+    gpu_and_server,
+    row_config,
+    simulate,
+)
 from polca.sim.workload import Envelope, load_trace
 
 EX_USAGE = 2
@@ -171,18 +177,85 @@ def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
         partial = args.out / "plan.points.jsonl"
         partial.write_text("", encoding="utf-8")
 
-        def on_point(ratio: float, points: list[dict[str, Any]]) -> None:
+        def on_point(ratio: float, points: list[tuple[str, dict[str, Any]]]) -> None:
             with partial.open("a", encoding="utf-8") as f:  # kept if the plan is interrupted
-                for v, point in zip(variants, points, strict=True):
-                    record = {"scenario": v.name, **point}
+                for name, point in points:
+                    record = {"scenario": name, **point}
                     f.write(json.dumps(report._jsonable(record)) + "\n")
 
     def progress(done: int, total: int, ratio: float, seconds: float) -> None:
         bar = "#" * round(20 * done / total)
         err.write(f"plan [{bar:<20}] {done}/{total} points, {ratio:+.0%} done, {seconds:.0f} s\n")
 
+    if args.history is not None:
+        result = _history_plan(args, scenario, variants, slo, err)
+    else:
+        result = _trace_plan(args, scenario, trace, variants, slo, on_point, progress)
+    _write_plan(args, result, err)
+    if args.json:
+        out.write(json.dumps(report._jsonable(result), indent=2) + "\n")
+    else:
+        out.write(plan_mod.render_text(result))
+    return 0
+
+
+def _history_plan(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    variants: list[plan_mod.Variant],
+    slo: plan_mod.Slo,
+    err: TextIO,
+) -> dict[str, Any]:
+    """The plan from a recorded row power history (``polca.sim.history``)."""
+    from polca.sim import history as history_mod  # noqa: PLC0415
+
+    if args.history.startswith(("http://", "https://")):
+        if not args.history_row:
+            msg = "--history from InfluxDB needs --history-row (the row's name)"
+            raise SimConfigError(msg)
+        recorded = history_mod.load_history_influx(
+            args.history,
+            row=args.history_row,
+            site=args.history_site,
+            step_s=args.history_step_s,
+            since=args.history_since,
+        )
+    else:
+        recorded = history_mod.load_history_csv(Path(args.history), step_s=args.history_step_s)
+    err.write(
+        f"history: {recorded.source}, {recorded.duration_s / 3600:.1f} h at "
+        f"{recorded.step_s:g} s, peak {recorded.power_w.max() / 1000:.1f} kW\n"
+    )
+    gpu, server = gpu_and_server(scenario)
+    budget_w = row_config(scenario.with_oversubscription(0.0)).budget_w
+    return history_mod.plan_history(
+        recorded,
+        variants,
+        ratios=args.oversubscription,
+        slo=slo,
+        gpu=gpu,
+        server=server,
+        base_servers=scenario.base_servers,
+        gpus_per_server=scenario.gpus_per_server,
+        budget_w=budget_w,
+        hp_share=scenario.hp_share,
+        assignment=scenario.assignment,
+        decode_share=args.decode_share,
+        warmup_s=scenario.warmup_s,
+    )
+
+
+def _trace_plan(  # noqa: PLR0917 - one call site
+    args: argparse.Namespace,
+    scenario: Scenario,
+    trace: Any,
+    variants: list[plan_mod.Variant],
+    slo: plan_mod.Slo,
+    on_point: Any,
+    progress: Any,
+) -> dict[str, Any]:
     search = plan_mod.bisect_plan if args.search == "bisect" else plan_mod.run_plan
-    result = search(
+    return search(
         scenario,
         trace,
         variants,
@@ -193,6 +266,9 @@ def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
         progress=progress,
         on_point=on_point,
     )
+
+
+def _write_plan(args: argparse.Namespace, result: dict[str, Any], err: TextIO) -> None:
     if args.out is not None:
         report.write_json(args.out / "plan.json", result)
         _write_plan_csv(args.out / "plan.csv", result)
@@ -205,11 +281,6 @@ def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
                 )
             else:
                 plots.frontier_plot(args.out / "frontier.png", result)
-    if args.json:
-        out.write(json.dumps(report._jsonable(result), indent=2) + "\n")
-    else:
-        out.write(plan_mod.render_text(result))
-    return 0
 
 
 def _write_plan_csv(path: Path, plan: dict[str, Any]) -> None:

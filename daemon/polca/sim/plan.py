@@ -97,6 +97,20 @@ def plan_point(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def variant_result(variant: Variant, points: list[dict[str, Any]], slo: Slo) -> dict[str, Any]:
+    """One variant's part of a plan: its points and its recommendation."""
+    best = best_point(points, slo)
+    return {
+        "name": variant.name,
+        "policy": variant.policy.name,
+        "policy_file": variant.policy_file,
+        "control": asdict(variant.control),
+        "points": points,
+        "best": best,
+        "best_servers": best["servers"] if best else None,
+    }
+
+
 def best_point(points: Sequence[dict[str, Any]], slo: Slo) -> dict[str, Any] | None:
     """The largest-ratio point such that it and every smaller one meet ``slo``; or None."""
     best = None
@@ -255,8 +269,8 @@ def merge_seeds(
 
 ProgressFn = Callable[[int, int, float, float], None]
 """``(done, total, ratio, seconds)`` after each ratio finished."""
-PointFn = Callable[[float, list[dict[str, Any]]], None]
-"""``(ratio, points by variant)`` as soon as a ratio finished (keep partial results)."""
+PointFn = Callable[[float, list[tuple[str, dict[str, Any]]]], None]
+"""``(ratio, [(variant name, point), ...])`` as soon as points finished (partial results)."""
 
 
 def run_plan(
@@ -296,7 +310,7 @@ def run_plan(
             for i in range(len(variants))
         ]
         if on_point is not None:
-            on_point(ratio, merged[ratio])
+            on_point(ratio, [(v.name, p) for v, p in zip(variants, merged[ratio], strict=True)])
         if progress is not None:
             progress(len(merged), len(ratios), ratio, time.monotonic() - started_s)
 
@@ -316,21 +330,9 @@ def run_plan(
     else:
         for r, task in tasks.items():
             finished(r, _ratio_task(task, trace, variants, seed_list), started_s)
-    result_variants = []
-    for i, v in enumerate(variants):
-        points = [merged[r][i] for r in ratios]
-        best = best_point(points, slo)
-        result_variants.append(
-            {
-                "name": v.name,
-                "policy": v.policy.name,
-                "policy_file": v.policy_file,
-                "control": asdict(v.control),
-                "points": points,
-                "best": best,
-                "best_servers": best["servers"] if best else None,
-            }
-        )
+    result_variants = [
+        variant_result(v, [merged[r][i] for r in ratios], slo) for i, v in enumerate(variants)
+    ]
     return {
         "slo": asdict(slo),
         "base_servers": scenario.base_servers,
@@ -403,7 +405,7 @@ def bisect_plan(
         results[i] = points
         if on_point is not None:
             for point in points:
-                on_point(point["ratio"], [point])
+                on_point(point["ratio"], [(variants[i].name, point)])
         if progress is not None:
             progress(len(results), len(variants), points[-1]["ratio"], time.monotonic() - started_s)
 
@@ -422,20 +424,7 @@ def bisect_plan(
     else:
         for i, v in enumerate(variants):
             finished(i, _bisect_variant(*args, v, grid, seeds=seed_list, slo=slo))
-    result_variants = []
-    for i, v in enumerate(variants):
-        best = best_point(results[i], slo)
-        result_variants.append(
-            {
-                "name": v.name,
-                "policy": v.policy.name,
-                "policy_file": v.policy_file,
-                "control": asdict(v.control),
-                "points": results[i],
-                "best": best,
-                "best_servers": best["servers"] if best else None,
-            }
-        )
+    result_variants = [variant_result(v, results[i], slo) for i, v in enumerate(variants)]
     return {
         "slo": asdict(slo),
         "base_servers": scenario.base_servers,
@@ -506,4 +495,5 @@ __all__ = [
     "render_text",
     "run_plan",
     "threshold_variants",
+    "variant_result",
 ]

@@ -133,7 +133,7 @@ def assign_classes(
     raise SimConfigError(msg)
 
 
-class _Engine:
+class EngineCaps:
     """The production engine's caps per level for one row's GPUs, computed on first use."""
 
     def __init__(self, policy: Policy, config: SimConfig, gpu_cls: IntArray) -> None:
@@ -356,7 +356,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
 
     # Control state.
     capped = policy is not None
-    engine = _Engine(policy, config, gpu_cls) if policy is not None else None
+    engine = EngineCaps(policy, config, gpu_cls) if policy is not None else None
     period_steps = max(1, round(ctl.telemetry_period_s / dt))
     delay_steps = max(0, round(ctl.telemetry_delay_s / dt))
     ladders = [LadderState() for _ in range(rows)]
