@@ -42,6 +42,13 @@ def test_demo_row_reaches_caps_and_prints_a_summary(tmp_path: Path) -> None:
     changes = re.search(r"GPU cap changes\s+: (\d+)", out)
     assert changes
     assert int(changes.group(1)) > 0
-    peak = re.search(r"peak row power\s+: ([\d.]+)%", out)
-    assert peak
+    peak = re.search(r"peak row power\s+: ([\d.]+)% of the [\d.]+ kW budget with polca; "
+                     r"([\d.]+)% without \(the same load, uncapped\)", out)  # fmt: skip
+    assert peak, out[-1500:]
     assert float(peak.group(1)) > 50
+    assert float(peak.group(2)) >= float(peak.group(1))  # caps only ever lower the peak
+    servers = re.search(r"servers\s+: 4 nodes on a budget that holds (\d+) at this load", out)
+    assert servers, out[-1500:]
+    given = re.search(r"clock given up\s+: high ([-+][\d.]+)%, low ([-+][\d.]+)%", out)
+    assert given, out[-1500:]
+    assert float(given.group(2)) <= float(given.group(1)) <= 0.5  # low gives up the most

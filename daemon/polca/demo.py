@@ -6,7 +6,10 @@ bundled Azure request trace. The row's budget is set below what the load can dra
 POLCA controller really reaches T1 and T2. A live view shows row power against the budget
 and thresholds, the level, per-rack power and the hottest GPUs; ``--influx URL`` also writes
 everything to InfluxDB; ``--duration`` bounds the run, which ends with a summary: time at
-each level, brake events, capping events and peak row power as % of budget.
+each level, brake events, capping events and peak row power as % of budget. Beside the row,
+``Counterfactual`` runs the same GPUs under the same load uncapped (the replay's load does
+not depend on the caps), so the view and the summary show what polca buys: the uncapped
+peak, the servers the budget would hold at it, and the clock each class gave up.
 
 Everything here is the production code: agents, aggregator, policy engine, MQTT; only the
 GPUs are simulated.
@@ -43,7 +46,7 @@ from polca.cooling.publisher import run_plant
 from polca.export.influx import make_sink
 from polca.gpu.simulated import SimulatedBackend
 from polca.physics.presets import get_model
-from polca.policy import PolicyStore
+from polca.policy import PolicyStore, load_policy
 from polca.settings import (
     AgentSettings,
     GpuSettings,
@@ -133,6 +136,10 @@ class DemoView:
     cooling_events: deque[str] = field(default_factory=lambda: deque(maxlen=8))
     cooling_alarms_raised: int = 0
     rack_levels: dict[str, int] = field(default_factory=dict)
+    counterfactual: Counterfactual | None = None
+    uncapped_w: float | None = None
+    uncapped_peak_w: float = 0.0
+    clock_mhz: dict[str, list[float]] = field(default_factory=dict)  # class -> [sum, count]
 
     def handle(self, message: InMessage) -> None:
         """Take one message of the demo site."""
@@ -148,6 +155,11 @@ class DemoView:
                 key=lambda g: g.gpu_temp_c or 0.0,
                 default=None,
             )
+            for g in payload.gpus:
+                if g.sm_clock_mhz is not None and g.priority_class is not None:
+                    acc = self.clock_mhz.setdefault(g.priority_class, [0.0, 0.0])
+                    acc[0] += g.sm_clock_mhz
+                    acc[1] += 1
             if hot is not None and hot.gpu_temp_c is not None:
                 self.hottest[payload.node] = (
                     hot.gpu_temp_c,
@@ -177,6 +189,12 @@ class DemoView:
             )
         elif isinstance(payload, Control) and payload.scope == "rack" and payload.rack:
             self.rack_levels[payload.rack] = payload.level
+
+    def tick(self) -> None:
+        """Once a second: read the uncapped counterfactual of the same load."""
+        if self.counterfactual is not None:
+            self.uncapped_w = self.counterfactual.sample_w()
+            self.uncapped_peak_w = max(self.uncapped_peak_w, self.uncapped_w)
 
     def _on_summary(self, summary: RowSummary) -> None:
         self.summary = summary
@@ -208,10 +226,16 @@ class DemoView:
             if 0 <= pos < width:
                 bar[pos] = "|"
         trend = f"{s.trend_w_per_s:+.0f} W/s" if s.trend_w_per_s is not None else "-"
+        uncapped = ""
+        if self.uncapped_w is not None:
+            uncapped = (
+                f"  uncapped {self.uncapped_w / 1000:.1f} kW "
+                f"({100.0 * self.uncapped_w / s.effective_budget_w:.0f}%)"
+            )
         lines = [
             head,
             f"  row   {s.power_w / 1000:6.1f} kW  {pct:5.1f}% [{''.join(bar)}]  "
-            f"level {s.level_name:<8} trend {trend}",
+            f"level {s.level_name:<8} trend {trend}{uncapped}",
             "        thresholds: "
             + ", ".join(
                 f"{100 * t / s.effective_budget_w:.0f}% = {t / 1000:.1f} kW" for t in s.thresholds_w
@@ -261,8 +285,74 @@ class DemoView:
         lines.append(f"GPU cap changes    : {self.cap_changes}")
         lines.append(
             f"peak row power     : {self.peak_pct:.1f}% of the {self.budget_w / 1000:.1f} kW budget"
+            + (
+                f" with polca; {100.0 * self.uncapped_peak_w / self.budget_w:.1f}% without "
+                "(the same load, uncapped)"
+                if self.uncapped_peak_w
+                else ""
+            )
         )
+        lines.extend(self._what_polca_buys())
         return "\n".join(lines) + "\n"
+
+    def _what_polca_buys(self) -> list[str]:
+        """Extra servers and the clock given up for them, from the counterfactual."""
+        cf = self.counterfactual
+        if cf is None or not self.uncapped_peak_w:
+            return []
+        nodes = len(self.options.nodes)
+        fits = int(self.budget_w // (self.uncapped_peak_w / nodes))
+        lines = [
+            f"servers            : {nodes} nodes on a budget that holds {fits} at this load's "
+            f"uncapped peak: {100.0 * (nodes / max(fits, 1) - 1.0):+.0f}% with "
+            f"{self.brake_events} brake events"
+        ]
+        given = []
+        for cls, (total, count) in sorted(self.clock_mhz.items()):
+            base = cf.mean_clock_mhz(cls)
+            if count and base:
+                given.append(f"{cls} {100.0 * (total / count / base - 1.0):+.1f}%")
+        if given:
+            lines.append(
+                f"clock given up     : {', '.join(given)} (time-averaged SM clock against "
+                "the same GPUs uncapped)"
+            )
+        return lines
+
+
+class Counterfactual:
+    """The same row's GPUs under the same load, never capped: what polca's caps save.
+
+    One ``SimulatedBackend`` per node with the node's seed and trace loads (the replay's
+    utilization does not depend on the caps), read once a second on the event loop.
+    """
+
+    def __init__(self, backends: list[SimulatedBackend], classes: dict[int, str]) -> None:
+        """``classes``: GPU index -> priority class (as the policy assigns them)."""
+        self.backends = backends
+        self.classes = classes
+        self._clock: dict[str, list[float]] = {}
+        for backend in backends:
+            backend.discover()
+
+    def sample_w(self) -> float:
+        """Row power now: every GPU plus each node's non-GPU power."""
+        total = NON_GPU_W * len(self.backends)
+        for backend in self.backends:
+            for info in backend.discover():
+                sample = backend.sample(info.index)
+                total += (sample.power_mw or 0) / 1000.0
+                cls = self.classes.get(info.index)
+                if cls is not None and sample.sm_clock_mhz is not None:
+                    acc = self._clock.setdefault(cls, [0.0, 0.0])
+                    acc[0] += sample.sm_clock_mhz
+                    acc[1] += 1
+        return total
+
+    def mean_clock_mhz(self, cls: str) -> float | None:
+        """The class's time-averaged SM clock so far, uncapped."""
+        total, count = self._clock.get(cls, (0.0, 0.0))
+        return total / count if count else None
 
 
 async def _view(bus: MqttBus, view: DemoView, out: TextIO, *, tty: bool) -> None:
@@ -273,6 +363,7 @@ async def _view(bus: MqttBus, view: DemoView, out: TextIO, *, tty: bool) -> None
     async def draw() -> None:
         while True:
             await asyncio.sleep(1.0)
+            view.tick()
             text = view.render()
             out.write(("\x1b[H\x1b[2J" + text) if tty else text)
             out.flush()
@@ -316,7 +407,19 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
             serving=options.model,
         )
         agents = []
+        shadows = []
         for number, (rack, node) in enumerate(nodes):
+            shadow = SimulatedBackend(
+                count=options.gpus_per_node,
+                model=options.model,
+                load="idle",
+                seed=options.seed * 1000 + number,
+            )
+            for index, profile in enumerate(
+                trace_loads(options.gpus_per_node, node_offset=number, replay=replay)
+            ):
+                shadow.set_load(index, profile)
+            shadows.append(shadow)
             backend = SimulatedBackend(
                 count=options.gpus_per_node,
                 model=options.model,
@@ -394,6 +497,11 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
         sink = make_sink(aggregator_settings.influx, state_dir=work / "aggregator")
         aggregator = Aggregator(aggregator_settings, sinks=[sink] if sink is not None else [])
         view = DemoView(options, budget_w)
+        policy = load_policy(options.policy).policy
+        view.counterfactual = Counterfactual(
+            shadows,
+            {i: policy.static_class(index=i, uuid="") for i in range(options.gpus_per_node)},
+        )
         plants = [
             SimulatedCdu(
                 f"cdu{r + 1}",
