@@ -320,6 +320,21 @@ class DemoView:
         return lines
 
 
+def _node_gpus(options: DemoOptions, number: int, replay: TraceReplay) -> SimulatedBackend:
+    """Node ``number``'s simulated GPUs, each serving its share of the replayed trace."""
+    backend = SimulatedBackend(
+        count=options.gpus_per_node,
+        model=options.model,
+        load="idle",
+        seed=options.seed * 1000 + number,
+    )
+    for index, profile in enumerate(
+        trace_loads(options.gpus_per_node, node_offset=number, replay=replay)
+    ):
+        backend.set_load(index, profile)
+    return backend
+
+
 class Counterfactual:
     """The same row's GPUs under the same load, never capped: what polca's caps save.
 
@@ -409,27 +424,8 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
         agents = []
         shadows = []
         for number, (rack, node) in enumerate(nodes):
-            shadow = SimulatedBackend(
-                count=options.gpus_per_node,
-                model=options.model,
-                load="idle",
-                seed=options.seed * 1000 + number,
-            )
-            for index, profile in enumerate(
-                trace_loads(options.gpus_per_node, node_offset=number, replay=replay)
-            ):
-                shadow.set_load(index, profile)
-            shadows.append(shadow)
-            backend = SimulatedBackend(
-                count=options.gpus_per_node,
-                model=options.model,
-                load="idle",
-                seed=options.seed * 1000 + number,
-            )
-            for index, profile in enumerate(
-                trace_loads(options.gpus_per_node, node_offset=number, replay=replay)
-            ):
-                backend.set_load(index, profile)
+            shadows.append(_node_gpus(options, number, replay))  # never capped
+            backend = _node_gpus(options, number, replay)
             settings = Settings(
                 mqtt=mqtt,
                 logging=quiet,
