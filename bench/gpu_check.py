@@ -11,7 +11,13 @@ What it measures, on one GPU (``--gpu``, default 0), and writes to ``--out`` as 
 4. the ``nvmlDeviceSetPowerManagementLimit_v2`` binding bug, with an out-of-range value:
    what the binding returned versus what the C function returned;
 5. ``python -m polca agent --backend nvml`` for 30 s against a local Mosquitto (when
-   installed): exit code, messages published, and whether it put the limits back.
+   installed): exit code, messages published, and whether it put the limits back;
+6. with ``--profile-out FILE`` (and torch): a clock sweep for the planner. At six locked
+   SM clocks from the maximum down to half, a compute-bound kernel (FP16 matmul, the
+   prefill stand-in) and a memory-bound one (streaming a 2 GiB tensor, the decode
+   stand-in) each run while their mean power and time per iteration are measured, after
+   an idle reading; ``polca.sim.calibrate`` fits the profile's clock relations to them and
+   FILE is a profile for ``polca simulate|plan --profile FILE``.
 
 Load: with ``torch`` and CUDA available, a matmul loop runs on the GPU in a subprocess
 during steps 2-3 (``--no-load`` to skip); otherwise the readings are idle ones.
@@ -66,6 +72,36 @@ while time.monotonic() < end:
         c = a @ b
     torch.cuda.synchronize(device)
 """
+
+
+SWEEP_SCRIPT = """
+import sys, time
+import torch
+
+device = torch.device("cuda", int(sys.argv[1]))
+mode, seconds = sys.argv[2], float(sys.argv[3])
+if mode == "matmul":
+    a = torch.randn(8192, 8192, device=device, dtype=torch.float16)
+    b = torch.randn_like(a)
+    def step():
+        return a @ b
+else:
+    a = torch.empty(2**30, device=device, dtype=torch.float16)
+    b = torch.empty_like(a)
+    def step():
+        b.copy_(a)
+step()
+torch.cuda.synchronize(device)
+print("ready", flush=True)
+n, start = 0, time.perf_counter()
+while time.perf_counter() - start < seconds:
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize(device)
+    n += 10
+print("iter_s", (time.perf_counter() - start) / n, flush=True)
+"""
+SWEEP_CLOCK_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)
 
 
 # ---- small helpers ----------------------------------------------------------------------
@@ -125,6 +161,18 @@ def tail(text: str, limit: int = 4000) -> str:
 
 
 @contextlib.contextmanager
+def _torch_child(script: str, *args: str) -> subprocess.Popen[str]:
+    """``script`` in a child Python with CUDA indices in NVML's (PCI bus) order."""
+    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")  # CUDA index == NVML index
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def gpu_load(
     index: int, duration_s: float, enabled: bool, report: dict[str, Any]
 ) -> Iterator[bool]:
@@ -133,14 +181,7 @@ def gpu_load(
         report["load"] = "idle (torch not installed)" if enabled else "idle (--no-load)"
         yield False
         return
-    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")  # CUDA index == NVML index
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LOAD_SCRIPT, str(index), str(duration_s)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _torch_child(LOAD_SCRIPT, str(index), str(duration_s))
     try:
         assert proc.stdout is not None
         ready = proc.stdout.readline().strip() == "ready"
@@ -336,6 +377,99 @@ def check_clock_lock(
     return result
 
 
+def run_kernel(
+    pynvml: Any, handle: Any, index: int, mode: str, *, seconds: float, window_s: float
+) -> tuple[float, float]:
+    """(mean power in W over the middle of the run, seconds per iteration) of one kernel."""
+    proc = _torch_child(SWEEP_SCRIPT, str(index), mode, str(seconds))
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            why = tail(proc.stderr.read() if proc.stderr else "", 500)
+            msg = f"the {mode} kernel did not start: {why}"
+            raise RuntimeError(msg)
+        time.sleep(min(1.0, seconds / 4))  # power settles
+        watts = mean_power_mw(pynvml, handle, window_s) / 1000.0
+        line = proc.stdout.readline().split()
+        proc.wait(timeout=seconds + 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if len(line) != 2 or line[0] != "iter_s":
+        msg = f"the {mode} kernel gave no timing"
+        raise RuntimeError(msg)
+    return watts, float(line[1])
+
+
+def clock_sweep(
+    pynvml: Any, handle: Any, index: int, seconds: float, window_s: float
+) -> dict[str, Any]:
+    """Idle power, then both kernels at each locked clock of ``SWEEP_CLOCK_FRACTIONS``."""
+    from polca.gpu.clocks import snap_sm_clock_mhz
+
+    if importlib.util.find_spec("torch") is None:
+        return {"skipped": "torch not installed"}
+    max_mhz = int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
+    memory_mhz = pynvml.nvmlDeviceGetSupportedMemoryClocks(handle)
+    supported = [
+        int(v) for v in pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, max(memory_mhz))
+    ]
+    pynvml.nvmlDeviceResetGpuLockedClocks(handle)
+    time.sleep(2.0)
+    sweep: dict[str, Any] = {
+        "max_mhz": max_mhz,
+        "idle_w": mean_power_mw(pynvml, handle, max(window_s, 2.0)) / 1000.0,
+        "matmul": [],
+        "stream": [],
+    }
+    for fraction in SWEEP_CLOCK_FRACTIONS:
+        mhz = snap_sm_clock_mhz(int(max_mhz * fraction), supported)
+        pynvml.nvmlDeviceSetGpuLockedClocks(handle, mhz, mhz)
+        for mode in ("matmul", "stream"):
+            watts, iter_s = run_kernel(
+                pynvml, handle, index, mode, seconds=seconds, window_s=window_s
+            )
+            sweep[mode].append({"sm_clock_mhz": mhz, "power_w": watts, "seconds_per_iter": iter_s})
+    pynvml.nvmlDeviceResetGpuLockedClocks(handle)
+    return sweep
+
+
+def base_profile_name(gpu_name: str) -> str:
+    """The shipped profile closest to the GPU (H100 when unknown)."""
+    name = gpu_name.upper()
+    for key, profile in (("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-sxm4")):
+        if key in name:
+            return "a100-sxm4-40gb" if profile == "a100-sxm4" and "40GB" in name else profile
+    return "h100-sxm"
+
+
+def write_profile(report: dict[str, Any], path: Path) -> str:
+    """Fit the sweep in ``report`` onto the closest shipped profile; write it to ``path``."""
+    from polca.sim.calibrate import SweepPoint, calibrated_profile
+    from polca.sim.profile import shipped_profile
+
+    sweep = report["sweep"]
+    gpu = report["gpu"]
+    base = shipped_profile(base_profile_name(str(gpu["name"])))
+    where = f"{gpu['uuid']} ({gpu['name']}) on {report.get('started_at', '?')[:10]}"
+
+    def points(mode: str) -> list[SweepPoint]:
+        return [SweepPoint(**p) for p in sweep[mode]]
+
+    text = calibrated_profile(
+        base,
+        name=f"{base.name}-measured",
+        where=where,
+        prefill=points("matmul"),
+        decode=points("stream"),
+        resident_w=sweep.get("idle_w"),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
 def check_v2_binding(pynvml: Any, handle: Any) -> dict[str, Any]:
     """Out-of-range limit via the _v2 binding (returns success) and via C (returns an error)."""
     _, max_mw = (int(v) for v in pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle))
@@ -521,6 +655,15 @@ def run_checks(args: argparse.Namespace, report: dict[str, Any]) -> None:
                     report[name] = step(pynvml, handle, args.settle_s, busy, args.window_s)
                 except pynvml.NVMLError as exc:
                     report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        if args.profile_out is not None:
+            try:
+                report["sweep"] = clock_sweep(
+                    pynvml, handle, args.gpu, args.sweep_seconds, args.window_s
+                )
+                if "skipped" not in report["sweep"]:
+                    report["profile"] = write_profile(report, args.profile_out)
+            except (pynvml.NVMLError, RuntimeError, OSError, ValueError) as exc:
+                report["sweep"] = {"error": f"{type(exc).__name__}: {exc}"}
         try:
             report["v2_binding_bug"] = check_v2_binding(pynvml, handle)
         except pynvml.NVMLError as exc:
@@ -577,6 +720,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent-seconds", type=float, default=30.0, help="agent run; 0 skips")
     parser.add_argument("--no-writes", action="store_true", help="reads only")
     parser.add_argument("--no-load", action="store_true", help="no torch load during writes")
+    parser.add_argument(
+        "--profile-out",
+        type=Path,
+        default=None,
+        help="sweep clocks with two kernels (torch) and write a fitted planner profile here",
+    )
+    parser.add_argument(
+        "--sweep-seconds", type=float, default=4.0, help="each kernel at each clock (4)"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO / "daemon"))  # polca, when not installed
     report: dict[str, Any] = {

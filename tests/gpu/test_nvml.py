@@ -626,6 +626,7 @@ def test_gpu_check_script_runs_against_the_fake(fake_nvml: FakeNvml, tmp_path: P
     out = tmp_path / "gpu_check.json"
     argv = [sys.executable, "bench/gpu_check.py", "--out", str(out), "--agent-seconds", "0"]
     argv += ["--iterations", "20", "--window-s", "0.05", "--settle-s", "2"]
+    argv += ["--profile-out", str(tmp_path / "profile.yaml")]
     result = subprocess.run(
         argv,
         env=fake_nvml.env(),
@@ -647,6 +648,9 @@ def test_gpu_check_script_runs_against_the_fake(fake_nvml: FakeNvml, tmp_path: P
     assert report["v2_binding_bug"]["bug_confirmed"] is True
     assert report["v2_binding_bug"]["c_function_returned"] == 2
     assert report["restore"]["gpu0_clocks"] == "reset"
+    # No torch here: the sweep says so and no profile is written (the fit is tested alone).
+    assert report["sweep"] == {"skipped": "torch not installed"}
+    assert not (tmp_path / "profile.yaml").exists()
     state = fake_nvml.get(0)
     assert state["power_limit_mw"] == 700_000
     assert (state["locked_min_mhz"], state["locked_max_mhz"]) == (0, 0)
