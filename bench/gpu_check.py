@@ -160,7 +160,6 @@ def tail(text: str, limit: int = 4000) -> str:
     return text[-limit:]
 
 
-@contextlib.contextmanager
 def _torch_child(script: str, *args: str) -> subprocess.Popen[str]:
     """``script`` in a child Python with CUDA indices in NVML's (PCI bus) order."""
     env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")  # CUDA index == NVML index
@@ -173,6 +172,7 @@ def _torch_child(script: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+@contextlib.contextmanager
 def gpu_load(
     index: int, duration_s: float, enabled: bool, report: dict[str, Any]
 ) -> Iterator[bool]:
