@@ -214,10 +214,11 @@ def test_the_loop_closes_on_polcas_own_influxdb(influxdb1: InfluxDB1Process) -> 
         "dc1",
     ]
     argv += ["--history-since", "2h", "--servers", str(BASE), "--oversubscription", "0,20%,60%"]
-    argv += ["--warmup", "0"]
+    argv += ["--warmup", "0", "--seeds", "3"]
     code = cli.main(cli.parse(argv), out=out, err=err)
     assert code == 0, err.getvalue()
     assert "history:" in err.getvalue()
+    assert "--seeds do not apply to --history: ignored" in err.getvalue()
     text = out.getvalue()
     assert "polca-a100 in-band" in text
     assert "servers (+" in text or "no swept deployment" in text

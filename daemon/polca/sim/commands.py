@@ -188,6 +188,18 @@ def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
         err.write(f"plan [{bar:<20}] {done}/{total} points, {ratio:+.0%} done, {seconds:.0f} s\n")
 
     if args.history is not None:
+        ignored = [
+            flag
+            for flag, used in (
+                ("--seeds", args.seeds > 1),
+                ("--search bisect", args.search == "bisect"),
+                ("--jobs", args.jobs > 1),
+                ("--trace", args.trace != "azure-code"),
+            )
+            if used
+        ]
+        if ignored:  # a history has one shape and no seeds: say so rather than pretend
+            err.write(f"{', '.join(ignored)} do not apply to --history: ignored\n")
         result = _history_plan(args, scenario, variants, slo, err)
     else:
         result = _trace_plan(args, scenario, trace, variants, slo, on_point, progress)
