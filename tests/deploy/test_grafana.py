@@ -518,7 +518,35 @@ def _gpu_lines(
         }  # fmt: skip
         lines.append(_line("gpu", tags, fields, ts_ms))
         power_sum_w += power_w
+        if t % 10 == 9:  # health counters: sent on change and every interval of the agent
+            lines.append(_health_line(t, ts_ms, tags))
     return lines, power_sum_w, lost
+
+
+def _health_line(t: int, ts_ms: int, gpu_tags: dict[str, str]) -> str:
+    """A GPU's health counters at ``t``: an XID on node-01/gpu3 at 60 s, uncorrectable ECC
+    and a pending remap on node-02/gpu5 from 80 s, brake and thermal time as the throttle
+    reasons above say."""
+    node, index = gpu_tags["node"], int(gpu_tags["gpu_index"])
+    key = (node, index)
+    brake = 5 if node == "node-01" and index in {2, 3} and t >= 61 else 0
+    thermal = min(16, max(0, t - 70)) if node == "node-02" and index == 5 else 0
+    bad = node == "node-02" and index == 5 and t >= 80
+    fields: dict[str, object] = {
+        "xid_errors": 1 if key == ("node-01", 3) and t >= 60 else 0,
+        "ecc_corrected_volatile": 3 if bad else 0,
+        "ecc_uncorrected_volatile": 2 if bad else 0,
+        "remapped_rows_uncorrectable": 1 if bad else 0,
+        "row_remap_pending": 1.0 if bad else 0.0,
+        "pcie_replays": 0,
+        "power_brake_s": float(brake),
+        "hw_thermal_slowdown_s": float(min(4, max(0, t - 75)) if thermal else 0),
+        "sw_thermal_slowdown_s": float(thermal),
+    }
+    if key == ("node-01", 3) and t >= 60:
+        fields["last_xid"] = 79
+    tags = {k: v for k, v in gpu_tags.items() if k != "class"}
+    return _line("gpu_health", tags, fields, ts_ms)
 
 
 def make_run(now_ms: int) -> list[str]:
