@@ -14,7 +14,7 @@ import pytest
 
 from polca.aggregator.points import row_point
 from polca.errors import SimConfigError, TraceError
-from polca.export.points import encode_lines
+from polca.export.points import encode_lines, make_point
 from polca.policy import Policy
 from polca.sim import cli
 from polca.sim.history import (
@@ -195,12 +195,41 @@ def test_the_loop_closes_on_polcas_own_influxdb(influxdb1: InfluxDB1Process) -> 
         for i, pct in enumerate(pcts)
     ]
     other = row_point(ts_ns=start_ms * 1_000_000, site="dc1", row="row2", power_w=1.0)
-    influxdb1.write(encode_lines([*points, other]))
+    gpus = [
+        make_point(
+            "gpu",
+            ts_ns=(start_ms + 2_000 * i) * 1_000_000,
+            tags={
+                "site": "dc1",
+                "row": "row1",
+                "rack": "rack1",
+                "node": f"n{g // 2}",
+                "gpu_uuid": f"GPU-{g}",
+                "gpu_index": str(g % 2),
+                "model": "A100",
+                "class": "high" if g < 2 else "low",
+            },
+            fields={"power_w": 100.0 + 10 * g + (i % 6)},
+        )
+        for i in range(len(pcts))
+        for g in range(4)
+    ]
+    influxdb1.write(encode_lines([*points, other, *gpus]))
     history = load_history_influx(
         f"{influxdb1.url}/polca", row="row1", site="dc1", step_s=2.0, since="2h"
     )
     assert len(history.power_w) == len(pcts)
     assert history.power_w.max() == pytest.approx(0.79 * BUDGET_W)
+    # Per class: the sum over the class's GPUs (two each) at every step.
+    assert history.hp_power_w is not None
+    assert history.lp_power_w is not None
+    steps = np.arange(len(pcts)) % 6
+    assert list(history.hp_power_w) == pytest.approx(list(210.0 + 2 * steps))
+    assert list(history.lp_power_w) == pytest.approx(list(250.0 + 2 * steps))
+    total_only = load_history_influx(
+        f"{influxdb1.url}/polca", row="row1", step_s=2.0, since="2h", classes=("gold", "low")
+    )
+    assert total_only.hp_power_w is None  # a class the data does not have: the total only
     with pytest.raises(SimConfigError, match="letters, digits"):
         load_history_influx(f"{influxdb1.url}/polca", row="r' OR 1=1", step_s=2.0)
     out, err = io.StringIO(), io.StringIO()

@@ -192,48 +192,37 @@ def load_history_csv(path: Path, *, step_s: float) -> PowerHistory:
     return resample(np.array(times), columns, step_s=step_s, source=str(path))
 
 
-def load_history_influx(
-    url: str, *, row: str, site: str | None = None, step_s: float, since: str = "60d"
-) -> PowerHistory:
-    """The ``row`` measurement's ``power_w`` of one row from InfluxDB 1.x (``/query``),
-    averaged per ``step_s``: ``url`` is ``http://HOST:PORT/DATABASE``."""
-    parsed = urllib.parse.urlsplit(url)
-    database = parsed.path.strip("/")
-    if parsed.scheme not in {"http", "https"} or not database or not parsed.netloc:
-        msg = f"--history URL must be http(s)://HOST:PORT/DATABASE, got {url!r}"
-        raise SimConfigError(msg)
-    if not all(c.isalnum() or c in "_.:-" for c in row + (site or "")):
-        msg = f"row and site names are letters, digits and _.:-; got {row!r}, {site!r}"
-        raise SimConfigError(msg)
-    if not (since[:-1].isdigit() and since[-1] in "smhdw"):
-        msg = f"--history-since is a duration such as 30d, got {since!r}"
-        raise SimConfigError(msg)
-    where = f"\"row\" = '{row}'" + (f" AND \"site\" = '{site}'" if site else "")
-    step_ms = max(1, round(step_s * 1000))
-    # row, site and since are checked above: no quote gets into the query.
-    query = (
-        f'SELECT mean("power_w") FROM "row" WHERE {where} AND time > now() - {since} '  # noqa: S608
-        f"GROUP BY time({step_ms}ms) fill(none)"
-    )
+def _influx_query(base: str, database: str, query: str) -> list[dict[str, Any]]:
+    """The series of one InfluxQL query (``/query``, epoch ms), size-bounded."""
     params = urllib.parse.urlencode({"db": database, "q": query, "epoch": "ms"})
-    endpoint = f"{parsed.scheme}://{parsed.netloc}/query?{params}"
     try:
-        with urllib.request.urlopen(endpoint, timeout=60) as response:  # noqa: S310 - http(s) only
+        with urllib.request.urlopen(f"{base}/query?{params}", timeout=60) as response:  # noqa: S310 - http(s) only
             body = response.read(MAX_HISTORY_BYTES + 1)
     except OSError as exc:
-        msg = f"cannot read the history from {parsed.netloc}: {exc}"
+        msg = f"cannot read the history from {base}: {exc}"
         raise SimConfigError(msg) from exc
     if len(body) > MAX_HISTORY_BYTES:
         msg = f"the InfluxDB answer is larger than {MAX_HISTORY_BYTES} bytes"
         raise SimConfigError(msg)
     try:
-        answer = json.loads(body)
-        result = answer["results"][0]
-        if "error" in result:
-            msg = f"InfluxDB: {result['error']}"
-            raise SimConfigError(msg)
-        series = result.get("series") or []
-        points = series[0]["values"] if series else []
+        result = json.loads(body)["results"][0]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        msg = f"the InfluxDB answer is not a query result: {exc}"
+        raise SimConfigError(msg) from exc
+    if "error" in result:
+        msg = f"InfluxDB: {result['error']}"
+        raise SimConfigError(msg)
+    series = result.get("series") or []
+    if not isinstance(series, list):
+        msg = "the InfluxDB answer's series is not a list"
+        raise SimConfigError(msg)
+    return series
+
+
+def _readings(series: dict[str, Any]) -> tuple[FloatArray, FloatArray]:
+    """(seconds, watts) of one series; refuses what is not finite watts >= 0."""
+    try:
+        points = series["values"]
         t = np.array([float(p[0]) / 1000.0 for p in points])
         w = np.array([float(p[1]) for p in points])
     except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -242,7 +231,95 @@ def load_history_influx(
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         msg = "the InfluxDB history has power readings that are not finite watts >= 0"
         raise SimConfigError(msg)
-    return resample(t, {"power_w": w}, step_s=step_s, source=f"{url} row {row}")
+    return t, w
+
+
+def _onto(t0: float, n: int, step_s: float, t: FloatArray, w: FloatArray) -> FloatArray | None:
+    """Readings ``(t, w)`` averaged onto the grid of ``n`` steps from ``t0``; gaps carry the
+    reading before (or, at the start, the first after). None when nothing falls on it."""
+    bins = np.floor((t - t0) / step_s).astype(np.int64)
+    keep = (bins >= 0) & (bins < n)
+    if not keep.any():
+        return None
+    counts = np.bincount(bins[keep], minlength=n)
+    sums = np.bincount(bins[keep], weights=w[keep], minlength=n)
+    have = counts > 0
+    idx = np.where(have, np.arange(n), -1)
+    np.maximum.accumulate(idx, out=idx)
+    first = int(np.flatnonzero(have)[0])
+    idx[idx < 0] = first
+    mean = np.zeros(n)
+    np.divide(sums, counts, out=mean, where=have)
+    out: FloatArray = mean[idx]
+    return out
+
+
+def load_history_influx(
+    url: str,
+    *,
+    row: str,
+    site: str | None = None,
+    step_s: float,
+    since: str = "60d",
+    classes: tuple[str, str] = ("high", "low"),
+) -> PowerHistory:
+    """A row's recorded power from polca's own InfluxDB 1.x (``/query``): the ``row``
+    measurement's ``power_w``, and, where the ``gpu`` measurement has it, the GPU power of
+    each of the two ``classes`` (high, low) summed over the row's GPUs. ``url`` is
+    ``http://HOST:PORT/DATABASE``."""
+    parsed = urllib.parse.urlsplit(url)
+    database = parsed.path.strip("/")
+    if parsed.scheme not in {"http", "https"} or not database or not parsed.netloc:
+        msg = f"--history URL must be http(s)://HOST:PORT/DATABASE, got {url!r}"
+        raise SimConfigError(msg)
+    names = (row, site or "", *classes)
+    if not all(c.isalnum() or c in "_.:-" for c in "".join(names)):
+        msg = f"row, site and class names are letters, digits and _.:-; got {names!r}"
+        raise SimConfigError(msg)
+    if not (since[:-1].isdigit() and since[-1] in "smhdw"):
+        msg = f"--history-since is a duration such as 30d, got {since!r}"
+        raise SimConfigError(msg)
+    base = f"{parsed.scheme}://{parsed.netloc}"
+    # Every name in the queries is checked above: no quote gets in.
+    where = f"\"row\" = '{row}'" + (f" AND \"site\" = '{site}'" if site else "")
+    window = f"time > now() - {since}"
+    step_ms = max(1, round(step_s * 1000))
+    row_series = _influx_query(
+        base,
+        database,
+        f'SELECT mean("power_w") FROM "row" WHERE {where} AND {window} '  # noqa: S608
+        f"GROUP BY time({step_ms}ms) fill(none)",
+    )
+    t, w = _readings(row_series[0]) if row_series else (np.zeros(0), np.zeros(0))
+    history = resample(t, {"power_w": w}, step_s=step_s, source=f"{url} row {row}")
+    per_gpu = (
+        f'SELECT mean("power_w") AS "power_w" FROM "gpu" WHERE {where} AND {window} '  # noqa: S608
+        f'GROUP BY time({step_ms}ms), "gpu_uuid", "class"'
+    )
+    class_series = _influx_query(
+        base,
+        database,
+        f'SELECT sum("power_w") FROM ({per_gpu}) WHERE {window} '  # noqa: S608
+        f'GROUP BY time({step_ms}ms), "class" fill(none)',
+    )
+    by_class: dict[str, FloatArray] = {}
+    n = len(history.power_w)
+    for series in class_series:
+        name = str((series.get("tags") or {}).get("class", ""))
+        if name in classes:
+            ct, cw = _readings(series)
+            on_grid = _onto(float(t[0]), n, step_s, ct, cw)
+            if on_grid is not None:
+                by_class[name] = on_grid
+    if set(by_class) != set(classes):
+        return history
+    return PowerHistory(
+        source=history.source,
+        step_s=step_s,
+        power_w=history.power_w,
+        hp_power_w=by_class[classes[0]],
+        lp_power_w=by_class[classes[1]],
+    )
 
 
 def _weighted_quantile(values: FloatArray, weights: FloatArray, q: float) -> float:
