@@ -347,17 +347,16 @@ class Counterfactual:
         self.backends = backends
         self.classes = classes
         self._clock: dict[str, list[float]] = {}
-        for backend in backends:
-            backend.discover()
+        self._gpus = [(b, [info.index for info in b.discover()]) for b in backends]
 
     def sample_w(self) -> float:
         """Row power now: every GPU plus each node's non-GPU power."""
         total = NON_GPU_W * len(self.backends)
-        for backend in self.backends:
-            for info in backend.discover():
-                sample = backend.sample(info.index)
+        for backend, indices in self._gpus:
+            for index in indices:
+                sample = backend.sample(index)
                 total += (sample.power_mw or 0) / 1000.0
-                cls = self.classes.get(info.index)
+                cls = self.classes.get(index)
                 if cls is not None and sample.sm_clock_mhz is not None:
                     acc = self._clock.setdefault(cls, [0.0, 0.0])
                     acc[0] += sample.sm_clock_mhz

@@ -106,6 +106,16 @@ class Cluster:
         """Every GPU's lock, per node."""
         return {n: [self.locked_max(n, g) for g in range(8)] for n in self.nodes}
 
+    async def start_at_t1(self, probe: MqttProbe, *, meter_steps: int = 25) -> None:
+        """Start every process, wait for the aggregator's warm-up, then meter the row at
+        85% (``meter_steps`` readings, 0.2 s apart) until it is at T1."""
+        for agent in self.agents.values():
+            agent.start()
+        self.aggregator.start()
+        await self.aggregator.wait_log("aggregator_warm", timeout_s=20)
+        await _meter_for(probe, self.aggregator.meter_topic, 85.0, steps=meter_steps)
+        await _until_level(probe, 1)
+
     def kill_all(self) -> None:
         """Kill every process (test teardown)."""
         for agent in self.agents.values():
@@ -124,6 +134,13 @@ def cluster(tmp_path: Path, mosquitto: MosquittoProcess, fake_nvml_lib: Path) ->
 async def _meter(probe: MqttProbe, topic: str, pct: float) -> None:
     meter = Meter(ts_ns=time.time_ns(), power_w=BUDGET_W * pct / 100.0)
     await probe.publish_raw(topic, encode(meter))
+
+
+async def _meter_for(probe: MqttProbe, topic: str, pct: float, *, steps: int) -> None:
+    """``steps`` meter readings at ``pct`` of the budget, 0.2 s apart."""
+    for _ in range(steps):
+        await _meter(probe, topic, pct)
+        await asyncio.sleep(0.2)
 
 
 @pytest.fixture
@@ -359,14 +376,7 @@ async def test_status_command_and_history_in_victoria_metrics(
         extra={"influx": {"url": victoria_metrics.url, "api": "v2", "flush_interval_s": 0.5}}
     )
     async with mqtt_probe(mosquitto) as probe:
-        for agent in cluster.agents.values():
-            agent.start()
-        cluster.aggregator.start()
-        await cluster.aggregator.wait_log("aggregator_warm", timeout_s=20)
-        for _ in range(15):
-            await _meter(probe, cluster.aggregator.meter_topic, 85.0)
-            await asyncio.sleep(0.2)
-        await _until_level(probe, 1)
+        await cluster.start_at_t1(probe, meter_steps=15)
         result = await polca_status(mosquitto)
     assert result.returncode == 0, result.stderr
     out = result.stdout

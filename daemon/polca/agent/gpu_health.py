@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from polca.errors import GpuError
-from polca.gpu.backend import GpuHealth
+from polca.gpu.backend import HEALTH_COUNTERS, GpuHealth
 from polca.telemetry.schema import GpuHealthReport
 
 
@@ -29,30 +29,15 @@ class NewXid:
 
 
 def report(health: GpuHealth) -> GpuHealthReport:
-    """The wire form of one reading (throttle times in seconds)."""
-
-    def seconds(ns: int | None) -> float | None:
-        return None if ns is None else ns / 1e9
-
-    return GpuHealthReport(
-        xid_errors=health.xid_errors,
-        last_xid=health.last_xid,
-        ecc_corrected_volatile=health.ecc_corrected_volatile,
-        ecc_uncorrected_volatile=health.ecc_uncorrected_volatile,
-        ecc_corrected_aggregate=health.ecc_corrected_aggregate,
-        ecc_uncorrected_aggregate=health.ecc_uncorrected_aggregate,
-        retired_pages_sbe=health.retired_pages_sbe,
-        retired_pages_dbe=health.retired_pages_dbe,
-        retired_pages_pending=health.retired_pages_pending,
-        remapped_rows_correctable=health.remapped_rows_correctable,
-        remapped_rows_uncorrectable=health.remapped_rows_uncorrectable,
-        row_remap_pending=health.row_remap_pending,
-        row_remap_failure=health.row_remap_failure,
-        pcie_replays=health.pcie_replays,
-        power_brake_s=seconds(health.power_brake_ns),
-        hw_thermal_slowdown_s=seconds(health.hw_thermal_slowdown_ns),
-        sw_thermal_slowdown_s=seconds(health.sw_thermal_slowdown_ns),
-    )
+    """The wire form of one reading: the same counters, throttle times in seconds."""
+    values: dict[str, int | float | None] = {}
+    for name in HEALTH_COUNTERS:
+        value = getattr(health, name)
+        if name.endswith("_ns"):
+            values[name.removesuffix("_ns") + "_s"] = None if value is None else value / 1e9
+        else:
+            values[name] = value
+    return GpuHealthReport(**values)
 
 
 class HealthTracker:

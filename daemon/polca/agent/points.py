@@ -34,15 +34,7 @@ def agent_points(
     """Every point of one interval: GPUs, their health and caps, and the agent itself."""
     addr = core.addr
     out: list[AnyPoint] = list(gpu_points(message, site=site, row=addr.row, rack=addr.rack))
-    if health:
-        with_health = message.model_copy(
-            update={
-                "gpus": tuple(
-                    g.model_copy(update={"health": health.get(g.index)}) for g in message.gpus
-                )
-            }
-        )
-        out.extend(gpu_health_points(with_health, site=site, row=addr.row, rack=addr.rack))
+    out.extend(gpu_health_points(message, site=site, row=addr.row, rack=addr.rack, health=health))
     ts_ns = message.ts_ns
     node_tags = {"site": site, "row": addr.row, "rack": addr.rack, "node": addr.node}
     for target in core.last_targets:

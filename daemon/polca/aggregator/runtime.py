@@ -310,11 +310,10 @@ class Aggregator:
             if not self.sinks or self.leadership.role == "standby":
                 return  # a standby writes no series of the rows: the leader does
             t = accepted.telemetry
-            if any(g.health is not None for g in t.gpus):  # on change and every
-                # agent.health_every_s: never thinned
-                self.sinks.write(
-                    gpus.gpu_health_points(t, site=site, row=accepted.row, rack=accepted.rack)
-                )
+            # Health counters come on change and every agent.health_every_s: never thinned.
+            health = gpus.gpu_health_points(t, site=site, row=accepted.row, rack=accepted.rack)
+            if health:
+                self.sinks.write(health)
             if not self.schedule.due("gpu", accepted.node, self.mono_ns() / 1e9):
                 return  # per-GPU series are thinned to their write interval
             self.sinks.write(gpus.gpu_points(t, site=site, row=accepted.row, rack=accepted.rack))

@@ -7,10 +7,11 @@ Shared by the aggregator (every sink: InfluxDB, Prometheus) and the agent (its o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from polca.export.points import SCHEMA, LineTemplate, SeriesPoint
-from polca.telemetry.schema import Telemetry
+from polca.telemetry.schema import GpuHealthReport, Telemetry
 
 _GPU_FIELDS: Final = tuple(SCHEMA["gpu"].fields)
 """The ``gpu`` fields in ``SCHEMA``'s order: ``gpu_points`` fills its values in this order."""
@@ -77,42 +78,25 @@ _HEALTH: Final = LineTemplate(
 )
 
 
-def _flag(value: int | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def gpu_health_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[SeriesPoint]:
-    """One ``gpu_health`` point per GPU whose counters the message carries (the agent sends
-    them when they change and every ``agent.health_every_s``); unsupported ones left out."""
+def gpu_health_points(
+    telemetry: Telemetry,
+    *,
+    site: str,
+    row: str,
+    rack: str,
+    health: Mapping[int, GpuHealthReport] | None = None,
+) -> list[SeriesPoint]:
+    """One ``gpu_health`` point per GPU with counters: those the message carries (the
+    agent sends them when they change and every ``agent.health_every_s``), or ``health``
+    by GPU index (the agent's latest, for its own sinks). Unsupported ones are left out."""
     ts_ns, node, point = telemetry.ts_ns, telemetry.node, _HEALTH.point
     out: list[SeriesPoint] = []
     for gpu in telemetry.gpus:
-        h = gpu.health
+        h = gpu.health if health is None else health.get(gpu.index)
         if h is None:
             continue
-        out.append(
-            point(
-                (_INDEX_TEXT[gpu.index], gpu.uuid, gpu.name, node, rack, row, site),
-                (
-                    h.xid_errors,
-                    h.last_xid,
-                    h.ecc_corrected_volatile,
-                    h.ecc_uncorrected_volatile,
-                    h.ecc_corrected_aggregate,
-                    h.ecc_uncorrected_aggregate,
-                    h.retired_pages_sbe,
-                    h.retired_pages_dbe,
-                    _flag(h.retired_pages_pending),
-                    h.remapped_rows_correctable,
-                    h.remapped_rows_uncorrectable,
-                    _flag(h.row_remap_pending),
-                    _flag(h.row_remap_failure),
-                    h.pcie_replays,
-                    h.power_brake_s,
-                    h.hw_thermal_slowdown_s,
-                    h.sw_thermal_slowdown_s,
-                ),
-                ts_ns,
-            )
-        )
+        # The wire names are the schema's; flags (0/1 integers) go into float fields.
+        values = tuple(getattr(h, name) for name in _HEALTH_FIELDS)
+        tags = (_INDEX_TEXT[gpu.index], gpu.uuid, gpu.name, node, rack, row, site)
+        out.append(point(tags, values, ts_ns))
     return out

@@ -13,7 +13,7 @@ once, in ``discover()``, never per tick.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 # NVML clock event (throttle) reason bits, as published in telemetry.
@@ -137,24 +137,8 @@ class GpuHealth:
     sw_thermal_slowdown_ns: int | None = None
 
 
-HEALTH_COUNTERS: tuple[str, ...] = (
-    "xid_errors",
-    "last_xid",
-    "ecc_corrected_volatile",
-    "ecc_uncorrected_volatile",
-    "ecc_corrected_aggregate",
-    "ecc_uncorrected_aggregate",
-    "retired_pages_sbe",
-    "retired_pages_dbe",
-    "retired_pages_pending",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "row_remap_pending",
-    "row_remap_failure",
-    "pcie_replays",
-    "power_brake_ns",
-    "hw_thermal_slowdown_ns",
-    "sw_thermal_slowdown_ns",
+HEALTH_COUNTERS: tuple[str, ...] = tuple(
+    f.name for f in fields(GpuHealth) if f.name not in {"index", "uuid"}
 )
 """``GpuHealth``'s counters, in order (everything but the identity)."""
 

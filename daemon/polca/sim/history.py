@@ -32,8 +32,6 @@ this model; the request simulator keeps it.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import urllib.parse
@@ -61,6 +59,7 @@ from polca.sim.model import (
 from polca.sim.plan import Slo, Variant, point_violations, variant_result
 from polca.sim.runner import EngineCaps, assign_classes
 from polca.sim.workload import HP, LP
+from polca.workload.trace import csv_rows
 
 MAX_HISTORY_BYTES: Final = 512 * 1024 * 1024
 """A CSV or an InfluxDB answer larger than this is refused (six weeks at 1 s is ~200 MB)."""
@@ -132,64 +131,63 @@ def resample(
 
 def load_history_csv(path: Path, *, step_s: float) -> PowerHistory:
     """A CSV of ``timestamp,power_w[,hp_power_w,lp_power_w]`` (epoch seconds or ISO 8601,
-    increasing; watts, finite, >= 0), bounded; errors name ``FILE:LINE``."""
+    increasing; watts, finite, >= 0), read bounded by the trace's reader
+    (``polca.workload.trace.csv_rows``); errors name ``FILE:LINE``."""
+    rows = csv_rows(path, what="power history", max_bytes=MAX_HISTORY_BYTES)
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_HISTORY_BYTES + 1)
+        first = next(rows, None)
+        header = [h.strip() for h in first[0]] if first else []
+        if header[:2] != list(_COLUMNS) or any(h not in _CLASS_COLUMNS for h in header[2:]):
+            msg = (
+                f"{path}:1: the header must be timestamp,power_w and optionally "
+                f"hp_power_w,lp_power_w; got {','.join(header)[:200]}"
+            )
+            raise TraceError(msg)
+        if len(header) == 3:
+            msg = f"{path}:1: give both hp_power_w and lp_power_w, or neither"
+            raise TraceError(msg)
+        times: list[float] = []
+        values: list[list[float]] = [[] for _ in header[1:]]
+        for row, line in rows:
+            if all(not c.strip() for c in row):
+                continue
+            if len(times) >= MAX_HISTORY_ROWS:
+                msg = f"{path}:{line}: more than {MAX_HISTORY_ROWS} readings"
+                raise TraceError(msg)
+            t, numbers = _reading(row, len(header), f"{path}:{line}")
+            if times and not t > times[-1]:
+                msg = f"{path}:{line}: timestamps must increase"
+                raise TraceError(msg)
+            times.append(t)
+            for column, v in zip(values, numbers, strict=True):
+                column.append(v)
     except OSError as exc:
         msg = f"{path}:0: cannot read the history: {exc.strerror or exc}"
         raise TraceError(msg) from exc
-    if len(data) > MAX_HISTORY_BYTES:
-        msg = f"{path}:0: the history is larger than {MAX_HISTORY_BYTES} bytes"
-        raise TraceError(msg)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        msg = f"{path}:0: the history is not UTF-8"
-        raise TraceError(msg) from exc
-    reader = csv.reader(io.StringIO(text))
-    header = [h.strip() for h in next(reader, [])]
-    if header[:2] != list(_COLUMNS) or any(h not in _CLASS_COLUMNS for h in header[2:]):
-        msg = (
-            f"{path}:1: the header must be timestamp,power_w and optionally "
-            f"hp_power_w,lp_power_w; got {','.join(header)[:200]}"
-        )
-        raise TraceError(msg)
-    if len(header) == 3:
-        msg = f"{path}:1: give both hp_power_w and lp_power_w, or neither"
-        raise TraceError(msg)
-    times: list[float] = []
-    values: list[list[float]] = [[] for _ in header[1:]]
-    last = -math.inf
-    for line, row in enumerate(reader, start=2):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(times) >= MAX_HISTORY_ROWS:
-            msg = f"{path}:{line}: more than {MAX_HISTORY_ROWS} readings"
-            raise TraceError(msg)
-        if len(row) != len(header):
-            msg = f"{path}:{line}: {len(row)} fields, expected {len(header)}"
-            raise TraceError(msg)
-        try:
-            t = _timestamp(row[0])
-            numbers = [float(c) for c in row[1:]]
-        except ValueError as exc:
-            msg = f"{path}:{line}: not a timestamp and numbers: {','.join(row)[:120]}"
-            raise TraceError(msg) from exc
-        if not (math.isfinite(t) and t > last):
-            msg = f"{path}:{line}: timestamps must increase"
-            raise TraceError(msg)
-        if not all(math.isfinite(v) and 0.0 <= v <= 1e9 for v in numbers):
-            msg = f"{path}:{line}: power must be finite watts in [0, 1e9]"
-            raise TraceError(msg)
-        last = t
-        times.append(t)
-        for column, v in zip(values, numbers, strict=True):
-            column.append(v)
     columns = {
         name: np.array(v, dtype=np.float64) for name, v in zip(header[1:], values, strict=True)
     }
     return resample(np.array(times), columns, step_s=step_s, source=str(path))
+
+
+def _reading(row: list[str], fields: int, where: str) -> tuple[float, list[float]]:
+    """One CSV row's timestamp and powers, or a ``TraceError`` at ``where``."""
+    if len(row) != fields:
+        msg = f"{where}: {len(row)} fields, expected {fields}"
+        raise TraceError(msg)
+    try:
+        t = _timestamp(row[0])
+        numbers = [float(c) for c in row[1:]]
+    except ValueError as exc:
+        msg = f"{where}: not a timestamp and numbers: {','.join(row)[:120]}"
+        raise TraceError(msg) from exc
+    if not math.isfinite(t):
+        msg = f"{where}: timestamps must increase"
+        raise TraceError(msg)
+    if not all(math.isfinite(v) and 0.0 <= v <= 1e9 for v in numbers):
+        msg = f"{where}: power must be finite watts in [0, 1e9]"
+        raise TraceError(msg)
+    return t, numbers
 
 
 def _influx_query(base: str, database: str, query: str) -> list[dict[str, Any]]:

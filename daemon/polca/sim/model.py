@@ -147,11 +147,9 @@ class ServerPreset:
 def _from_profile(profile: SimProfile) -> tuple[SimGpu, ServerPreset]:
     """The simulator's GPU and server of one profile (``polca.sim.profile``)."""
     gpu, server = profile.values()
-    for name in ("sm_clock_max_mhz", "sm_clock_min_mhz", "brake_sm_clock_mhz"):
-        gpu[name] = int(gpu[name])
-    floats = {k: v if k.endswith("_mhz") else float(v) for k, v in gpu.items()}
+    typed = {k: int(v) if k.endswith("_mhz") else float(v) for k, v in gpu.items()}  # clocks
     return (
-        SimGpu(name=profile.name, **floats),  # type: ignore[arg-type]
+        SimGpu(name=profile.name, **typed),  # type: ignore[arg-type]
         ServerPreset(gpu=profile.name, **{k: float(v) for k, v in server.items()}),
     )
 

@@ -273,6 +273,44 @@ PointFn = Callable[[float, list[tuple[str, dict[str, Any]]]], None]
 """``(ratio, [(variant name, point), ...])`` as soon as points finished (partial results)."""
 
 
+def _check_inputs(variants: Sequence[Variant], ratios: Sequence[float], seeds: int) -> None:
+    if not variants:
+        msg = "a plan needs at least one policy"
+        raise SimConfigError(msg)
+    if not ratios:
+        msg = "a plan needs at least one oversubscription ratio"
+        raise SimConfigError(msg)
+    if seeds < 1:
+        msg = f"seeds must be at least 1, got {seeds}"
+        raise SimConfigError(msg)
+
+
+Task = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+"""A call to make in a worker: (function, positional arguments, keyword arguments)."""
+
+
+def _run_tasks(
+    tasks: dict[Any, Task],
+    *,
+    jobs: int,
+    finished: Callable[[Any, Any], None],
+) -> None:
+    """Run each ``key: (fn, args, kwargs)`` in ``jobs`` spawned processes (inline when one),
+    handing every result to ``finished(key, result)`` as it completes. An interrupt (^C)
+    cancels what has not started; what finished has been handed over."""
+    if jobs > 1 and len(tasks) > 1:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+        try:
+            futures = {pool.submit(fn, *a, **kw): key for key, (fn, a, kw) in tasks.items()}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    else:
+        for key, (fn, a, kw) in tasks.items():
+            finished(key, fn(*a, **kw))
+
+
 def run_plan(
     scenario: Scenario,
     trace: Trace,
@@ -291,20 +329,13 @@ def run_plan(
     the metrics are their means with the spread, and a point passes only when every seed
     does. A run that collapses (``SimCollapsedError``) is a failing point that says why.
     """
-    if not variants:
-        msg = "a plan needs at least one policy"
-        raise SimConfigError(msg)
-    if not ratios:
-        msg = "a plan needs at least one oversubscription ratio"
-        raise SimConfigError(msg)
-    if seeds < 1:
-        msg = f"seeds must be at least 1, got {seeds}"
-        raise SimConfigError(msg)
+    _check_inputs(variants, ratios, seeds)
     ratios = sorted(set(ratios))
     seed_list = [scenario.seed + i for i in range(seeds)]
     merged: dict[float, list[dict[str, Any]]] = {}
+    started_s = time.monotonic()
 
-    def finished(ratio: float, raw: list[list[dict[str, Any]]], started_s: float) -> None:
+    def finished(ratio: float, raw: list[list[dict[str, Any]]]) -> None:
         merged[ratio] = [
             merge_seeds(ratio, [raw[s][i] for s in range(seeds)], seed_list, slo)
             for i in range(len(variants))
@@ -314,22 +345,11 @@ def run_plan(
         if progress is not None:
             progress(len(merged), len(ratios), ratio, time.monotonic() - started_s)
 
-    started_s = time.monotonic()
-    tasks = {r: scenario.with_oversubscription(r) for r in ratios}
-    if jobs > 1 and len(tasks) > 1:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
-        try:
-            futures = {
-                pool.submit(_ratio_task, task, trace, variants, seed_list): r
-                for r, task in tasks.items()
-            }
-            for future in as_completed(futures):
-                finished(futures[future], future.result(), started_s)
-        finally:  # an interrupt (^C) cancels what has not started; finished points stay
-            pool.shutdown(wait=True, cancel_futures=True)
-    else:
-        for r, task in tasks.items():
-            finished(r, _ratio_task(task, trace, variants, seed_list), started_s)
+    tasks: dict[Any, Task] = {
+        r: (_ratio_task, (scenario.with_oversubscription(r), trace, variants, seed_list), {})
+        for r in ratios
+    }
+    _run_tasks(tasks, jobs=jobs, finished=finished)
     result_variants = [
         variant_result(v, [merged[r][i] for r in ratios], slo) for i, v in enumerate(variants)
     ]
@@ -393,9 +413,7 @@ def bisect_plan(
     until they are neighbours on the grid; the answer is the grid's, with fewer runs (each
     variant against its own uncapped references). Variants run in ``jobs`` processes.
     """
-    if not variants or not ratios or seeds < 1:
-        msg = "a plan needs at least one policy, one ratio and one seed"
-        raise SimConfigError(msg)
+    _check_inputs(variants, ratios, seeds)
     grid = sorted(set(ratios))
     seed_list = [scenario.seed + i for i in range(seeds)]
     started_s = time.monotonic()
@@ -409,21 +427,11 @@ def bisect_plan(
         if progress is not None:
             progress(len(results), len(variants), points[-1]["ratio"], time.monotonic() - started_s)
 
-    args = (scenario, trace)
-    if jobs > 1 and len(variants) > 1:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
-        try:
-            futures = {
-                pool.submit(_bisect_variant, *args, v, grid, seeds=seed_list, slo=slo): i
-                for i, v in enumerate(variants)
-            }
-            for future in as_completed(futures):
-                finished(futures[future], future.result())
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-    else:
-        for i, v in enumerate(variants):
-            finished(i, _bisect_variant(*args, v, grid, seeds=seed_list, slo=slo))
+    tasks: dict[Any, Task] = {
+        i: (_bisect_variant, (scenario, trace, v, grid), {"seeds": seed_list, "slo": slo})
+        for i, v in enumerate(variants)
+    }
+    _run_tasks(tasks, jobs=jobs, finished=finished)
     result_variants = [variant_result(v, results[i], slo) for i, v in enumerate(variants)]
     return {
         "slo": asdict(slo),

@@ -164,7 +164,9 @@ class Trace:
         )
 
 
-def _read_lines(f: BinaryIO, source: str) -> Iterator[str]:
+def _read_lines(
+    f: BinaryIO, source: str, *, what: str = "request trace", max_bytes: int = MAX_TRACE_BYTES
+) -> Iterator[str]:
     """The lines of a file, each read bounded and decoded alone, so that a byte that is not
     UTF-8 names its line (a text-mode file decodes whole chunks ahead)."""
     line_no = 0
@@ -175,8 +177,8 @@ def _read_lines(f: BinaryIO, source: str) -> Iterator[str]:
         if not raw:
             return
         total += len(raw)
-        if total > MAX_TRACE_BYTES:  # a file that grows while read, or lies about its size
-            msg = f"{source}:{line_no}: the trace is larger than {MAX_TRACE_BYTES} bytes"
+        if total > max_bytes:  # a file that grows while read, or lies about its size
+            msg = f"{source}:{line_no}: the {what} is larger than {max_bytes} bytes"
             raise TraceError(msg)
         if len(raw) > MAX_LINE_CHARS:
             msg = f"{source}:{line_no}: line longer than {MAX_LINE_CHARS} bytes"
@@ -184,8 +186,17 @@ def _read_lines(f: BinaryIO, source: str) -> Iterator[str]:
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            msg = f"{source}:{line_no}: the request trace is not UTF-8 text: {exc.reason}"
+            msg = f"{source}:{line_no}: the {what} is not UTF-8 text: {exc.reason}"
             raise TraceError(msg) from exc
+
+
+def csv_rows(path: Path, *, what: str, max_bytes: int) -> Iterator[tuple[list[str], int]]:
+    """Each line's CSV fields and 1-based number, of the file at ``path`` read bounded
+    (``max_bytes``, ``MAX_LINE_CHARS`` a line, UTF-8 line by line): the trace's reader, for
+    other CSV inputs (a row's power history). Every problem is a ``TraceError`` naming
+    ``FILE:LINE``; a file that cannot be opened is ``OSError``."""
+    with path.open("rb") as f:
+        yield from _bounded(_read_lines(f, str(path), what=what, max_bytes=max_bytes), str(path))
 
 
 def _bounded(lines: Iterable[str], source: str) -> Iterator[tuple[list[str], int]]:
