@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.rig import mqtt_probe
-from tests.integration.test_aggregator_e2e import BUDGET_W, Cluster, _meter, _until_level
+from tests.integration.test_aggregator_e2e import (
+    BUDGET_W,
+    Cluster,
+    _meter,
+    _meter_for,
+    _until_level,
+)
 from tests.mqtt_broker import MosquittoProcess
 from tests.prometheus import PrometheusProcess
 from tests.services import free_port
@@ -30,17 +36,9 @@ async def test_prometheus_scrapes_row_node_gpu_and_health_families(
     try:
         await asyncio.to_thread(prometheus.start)
         async with mqtt_probe(mosquitto) as probe:
-            for agent in cluster.agents.values():
-                agent.start()
-            cluster.aggregator.start()
-            await cluster.aggregator.wait_log("aggregator_warm", timeout_s=20)
-            for _ in range(25):
-                await _meter(probe, cluster.aggregator.meter_topic, 85.0)
-                await asyncio.sleep(0.2)
-            await _until_level(probe, 1)
-            for _ in range(15):  # keep the row at T1 while Prometheus scrapes
-                await _meter(probe, cluster.aggregator.meter_topic, 85.0)
-                await asyncio.sleep(0.2)
+            await cluster.start_at_t1(probe)
+            # Keep the row at T1 while Prometheus scrapes.
+            await _meter_for(probe, cluster.aggregator.meter_topic, 85.0, steps=15)
             level = await asyncio.to_thread(prometheus.wait_for, 'polca_row_level{row="row1"}')
             assert float(level[0]["value"][1]) == 1.0
             row = await asyncio.to_thread(prometheus.query, 'polca_row_power_watts{row="row1"}')
@@ -63,9 +61,7 @@ async def test_prometheus_scrapes_row_node_gpu_and_health_families(
             assert rate
             # The shipped rules evaluate on the real series; at T2 the T2 alert goes pending
             # (it fires after its 10 minutes), and nothing else is raised.
-            for _ in range(15):
-                await _meter(probe, cluster.aggregator.meter_topic, 92.0)
-                await asyncio.sleep(0.2)
+            await _meter_for(probe, cluster.aggregator.meter_topic, 92.0, steps=15)
             await _until_level(probe, 2)
             alerts: list[dict[str, object]] = []
             for _ in range(40):
@@ -107,17 +103,8 @@ async def test_prometheus_scrapes_the_agents_and_an_xid_fires_its_alert(
     try:
         await asyncio.to_thread(prometheus.start)
         async with mqtt_probe(mosquitto) as probe:
-            for agent in cluster.agents.values():
-                agent.start()
-            cluster.aggregator.start()
-            await cluster.aggregator.wait_log("aggregator_warm", timeout_s=20)
-            for _ in range(25):
-                await _meter(probe, cluster.aggregator.meter_topic, 85.0)
-                await asyncio.sleep(0.2)
-            await _until_level(probe, 1)
-            for _ in range(10):
-                await _meter(probe, cluster.aggregator.meter_topic, 85.0)
-                await asyncio.sleep(0.2)
+            await cluster.start_at_t1(probe)
+            await _meter_for(probe, cluster.aggregator.meter_topic, 85.0, steps=10)
             await _check_agent_families(prometheus, ports)
             # An XID on node2's GPU 3 reaches the agent's /metrics and, with the next
             # telemetry, the aggregator's; the alert fires (it has no hold time).
@@ -142,7 +129,15 @@ async def test_prometheus_scrapes_the_agents_and_an_xid_fires_its_alert(
 
 
 async def _check_agent_families(prometheus: PrometheusProcess, ports: dict[str, int]) -> None:
-    """At T1: the agents' level, lease, caps and counters, and the health series."""
+    """At T1: the agents' level, lease, caps and counters, and the health series.
+
+    Each check first waits until every target has been scraped with it: the three
+    targets are scraped independently, so one can lag the others by a scrape."""
+
+    async def every_target(promql: str) -> None:
+        await asyncio.to_thread(prometheus.wait_for, promql)
+
+    await every_target("count(polca_agent_level == 1) == 2")
     level = await asyncio.to_thread(prometheus.wait_for, "polca_agent_level == 1")
     assert {s["metric"]["node"] for s in level} == {"node1", "node2"}
     lease = await asyncio.to_thread(
@@ -150,6 +145,7 @@ async def _check_agent_families(prometheus: PrometheusProcess, ports: dict[str, 
     )
     assert len(lease) == 2
     assert all(0.5 < float(s["value"][1]) <= 1.0 for s in lease)
+    await every_target('count(polca_gpu_cap_sm_clock_hertz{clock_reason!="none"}) == 8')
     caps = await asyncio.to_thread(
         prometheus.wait_for, 'polca_gpu_cap_sm_clock_hertz{clock_reason!="none"}'
     )
@@ -161,6 +157,8 @@ async def _check_agent_families(prometheus: PrometheusProcess, ports: dict[str, 
     for name in ("polca_agent_gpu_errors_total", "polca_agent_outbox_dropped_total"):
         series = await asyncio.to_thread(prometheus.query, name)
         assert [float(s["value"][1]) for s in series] == [0.0, 0.0], name
+    await every_target('count(polca_gpu_xid_errors_total{node="node2",gpu="3"}) == 2')
+    await every_target('count(polca_gpu_ecc_errors_total{node="node1"}) == 64')
     xids = await asyncio.to_thread(
         prometheus.wait_for, 'polca_gpu_xid_errors_total{node="node2",gpu="3"}'
     )
