@@ -23,7 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from polca.telemetry.schema import Control, Event, Meter, PolicyBundle, Status, Telemetry, encode
+from polca.telemetry.schema import (
+    Control,
+    Event,
+    GpuHealthReport,
+    GpuTelemetry,
+    Meter,
+    PolicyBundle,
+    Status,
+    Telemetry,
+    encode,
+)
 from tests.fake_nvml import FakeNvml
 from tests.integration.aggregator_rig import AggregatorProcess
 from tests.integration.rig import (
@@ -84,7 +94,15 @@ def poison() -> dict[str, bytes]:
             interval_s=1,
             node_gpu_power_w=100.0,
             node_energy_delta_j=1,
-            gpus=(),
+            # A GPU with health counters, so that the nested counters can be poisoned too.
+            gpus=(
+                GpuTelemetry(
+                    index=0,
+                    uuid="GPU-0",
+                    name="NVIDIA A100-SXM4-80GB",
+                    health=GpuHealthReport(xid_errors=0, last_xid=0, pcie_replays=0),
+                ),
+            ),
         )
     )
     control = Control(
@@ -124,7 +142,11 @@ def poison() -> dict[str, bytes]:
             + b"}"
         ),
         # What the aggregator subscribes to.
-        f"{BASE}/rack1/node1/telemetry": _splice(telemetry, "node_gpu_power_w", "1e999"),
+        f"{BASE}/rack1/node1/telemetry": _splice(
+            _splice(telemetry, "node_gpu_power_w", "1e999"),
+            "gpus.0.health.pcie_replays",
+            "1" + "0" * 40,  # far beyond int64
+        ),
         f"{BASE}/rack1/node1/events": encode(
             Event(ts_ns=now, seq=1, node="node2", event="cap_changed")  # node2 speaking
         ),

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
 
 from polca.aggregator.points import row_point
 from polca.errors import SimConfigError, TraceError
@@ -27,6 +28,7 @@ from polca.sim.history import (
 )
 from polca.sim.model import ControlConfig, server_preset, sim_gpu
 from polca.sim.plan import Slo, Variant
+from tests.fuzzing import FUZZ, mutated
 from tests.sim.conftest import A100_POLICY
 from tests.tsdb import InfluxDB1Process, influxdb1
 
@@ -251,3 +253,28 @@ def test_the_loop_closes_on_polcas_own_influxdb(influxdb1: InfluxDB1Process) -> 
     text = out.getvalue()
     assert "polca-a100 in-band" in text
     assert "servers (+" in text or "no swept deployment" in text
+
+
+_CSV = "timestamp,power_w,hp_power_w,lp_power_w\n" + "".join(
+    f"{1_800_000_000 + 2 * i},{20_000 + 100 * (i % 7)},{8_000 + i},{9_000 - i}\n" for i in range(30)
+)
+
+
+@FUZZ
+@given(text=mutated(_CSV))
+def test_fuzz_mutated_histories_only_raise_trace_error(
+    text: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A mutated history CSV loads (finite watts >= 0, on a uniform step) or is a
+    TraceError or SimConfigError naming the file, nothing else."""
+    path = tmp_path_factory.getbasetemp() / "history-fuzz.csv"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    try:
+        history = load_history_csv(path, step_s=2.0)
+    except (TraceError, SimConfigError) as exc:
+        error = str(exc)
+    else:
+        assert np.all(np.isfinite(history.power_w))
+        assert np.all(history.power_w >= 0)
+        return
+    assert "history-fuzz.csv" in error, error

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
 
 from polca.physics.presets import get_model
 from polca.policy import Policy
@@ -26,6 +27,7 @@ from polca.sim.profile import (
 from polca.sim.scenario import simulate
 from polca.sim.workload import load_trace
 from polca.workload.serving import serving_model
+from tests.fuzzing import FUZZ, mutated
 from tests.sim.conftest import tiny_scenario
 
 SHIPPED = shipped_profile_names()
@@ -160,3 +162,17 @@ def test_a_profile_changes_the_run(a100_policy: Policy, tmp_path: Path) -> None:
     hp = default["metrics"]["classes"]["high"]
     hp_site = site["metrics"]["classes"]["high"]
     assert hp_site["ttft_p99_impact_pct"] < hp["ttft_p99_impact_pct"]
+
+
+@FUZZ
+@given(text=mutated(_text()))
+def test_fuzz_mutated_profiles_only_raise_sim_config_error(text: str) -> None:
+    """A mutated shipped profile loads (every value in range) or is a SimConfigError."""
+    try:
+        profile = parse_profile(text, source="fuzz.yaml")
+    except SimConfigError:
+        return
+    gpu, server = profile_gpu_and_server(profile)
+    assert gpu.sm_clock_min_mhz <= gpu.brake_sm_clock_mhz <= gpu.sm_clock_max_mhz
+    assert gpu.power_limit_min_w <= gpu.tdp_w <= gpu.power_limit_max_w
+    assert server.load_scale > 0
