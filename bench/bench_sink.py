@@ -3,9 +3,9 @@
 Three figures, each in its own process, against VictoriaMetrics and InfluxDB 1.x started
 here on loopback (the database in its own process too):
 
-- ``encode_points_per_s``: per-GPU points encoded to line protocol (``SeriesPoint.to_line``,
+- ``encode_points_per_s``: per-GPU points encoded to line protocol (``SeriesPoint.encode``,
   the sink's hot path; ``build_encode_points_per_s`` includes making the points from
-  decoded telemetry, ``point_encode_points_per_s`` is the general ``Point.to_line``);
+  decoded telemetry, ``point_encode_points_per_s`` is the general ``Point.encode``);
 - ``sink_points_per_s``: the sink end to end (``InfluxSink.write`` of the points of 8-GPU
   telemetry messages, encoding, batching of 5,000, the HTTP writes) until the database
   has acknowledged every point;
@@ -15,7 +15,7 @@ here on loopback (the database in its own process too):
 Target: encoding at most 4 µs per GPU point (250,000 points/s). Run from the repository
 root:
 
-    .venv/bin/python bench/bench_sink.py [--points 50000] [--trials 3]
+    .venv/bin/python bench/bench_sink.py [--points 50000] [--trials 3] [--encode-runs 5]
 
 It prints a table and writes ``bench/results/sink.json``.
 """
@@ -108,12 +108,12 @@ def _encode(args: argparse.Namespace) -> dict[str, Any]:
         return len(points) / min(times)
 
     return {
-        "encode_points_per_s": round(best(lambda: [p.to_line("ms") for p in points])),
-        "encode_realistic_points_per_s": round(best(lambda: [p.to_line("ms") for p in realistic])),
+        "encode_points_per_s": round(best(lambda: [p.encode("ms") for p in points])),
+        "encode_realistic_points_per_s": round(best(lambda: [p.encode("ms") for p in realistic])),
         "build_encode_points_per_s": round(
-            best(lambda: [p.to_line("ms") for p in _points(messages)])
+            best(lambda: [p.encode("ms") for p in _points(messages)])
         ),
-        "point_encode_points_per_s": round(best(lambda: [p.to_line("ms") for p in plain])),
+        "point_encode_points_per_s": round(best(lambda: [p.encode("ms") for p in plain])),
         "line_bytes": round(sum(len(p.to_line("ms")) for p in points[:1000]) / 1000),
     }
 
@@ -222,7 +222,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Encoding, then each database: raw floor and sink, alternating, ``trials`` times."""
     from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
 
-    encode = _child("--role=encode", f"--points={args.points}", f"--trials={args.trials}")
+    # Encoding is CPU-bound and this kind of machine is shared: each run is its own
+    # process (best of ``trials`` passes), and the figures are the median of the runs.
+    encodes = [
+        _child("--role=encode", f"--points={args.points}", f"--trials={args.trials}")
+        for _ in range(args.encode_runs)
+    ]
+    encode: dict[str, Any] = {key: round(median([e[key] for e in encodes])) for key in encodes[0]}
+    encode["encode_runs"] = encodes
     targets: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="polca-bench-sink-") as tmp:
         workdir = Path(tmp)
@@ -287,6 +294,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--points", type=int, default=50_000)
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument(
+        "--encode-runs", type=int, default=5, help="encoding processes (median reported)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "sink.json")
     args = parser.parse_args()
     result = run(args)
@@ -297,6 +307,12 @@ def main() -> int:
         f"({result['encode_points_per_s']:,} points/s; with building the points "
         f"{result['build_encode_us_per_point']} µs; general Point "
         f"{1e6 / result['point_encode_points_per_s']:.2f} µs); target <= {TARGET_ENCODE_US} µs"
+    )
+    runs = result["encode_runs"]
+    spread = sorted(1e6 / r["encode_realistic_points_per_s"] for r in runs)
+    print(
+        f"  median of {len(runs)} encoding processes; an agent's readings "
+        f"{spread[0]:.2f} to {spread[-1]:.2f} µs"
     )
     print(f"{'points/s, median of ' + str(args.trials):34} {'raw POST':>10} {'sink':>10} ratio")
     for name, t in result["targets"].items():

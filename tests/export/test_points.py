@@ -592,6 +592,8 @@ _NUMBER = st.one_of(
     st.none(),
     st.floats(allow_nan=True, allow_infinity=True),
     st.integers(min_value=-(10**6), max_value=10**6),
+    st.integers(min_value=2**63, max_value=2**70),  # beyond int64 and orjson's 64 bits
+    st.booleans(),  # not what a caller may pass, but it must not make a bad line
 )
 _TAG_TEXT = st.text(max_size=12)
 
@@ -627,6 +629,53 @@ def test_template_writes_what_the_point_writes(
         assert _parsed(line) == _parsed(expected)
         assert templated.tags == plain.tags
         assert repr(templated.fields) == repr(plain.fields)  # NaN included
+
+
+_EXTREMES: Final = (
+    5e-324,
+    -2.2250738585072014e-308,
+    1e-07,
+    0.1,
+    1 / 3,
+    -0.0,
+    123456789.12345679,
+    1e16,
+    1.7976931348623157e308,
+    -1.7976931348623157e308,
+    2**53 + 1,  # an int in a float field
+    1980,
+)
+
+
+def _extreme_points() -> list[bytes]:
+    template = LineTemplate("gpu", tag_keys=("gpu_index",), fields=("power_w", "lost"))
+    return [
+        template.point((str(i),), (value, float(i)), TS_NOW_NS).encode()
+        for i, value in enumerate(_EXTREMES)
+    ]
+
+
+def test_template_values_read_back_exactly_from_influxdb(influxdb1: InfluxDB1Process) -> None:
+    """orjson's digits (``1e-7``, ``1e+16``, subnormals, ``-0.0``) are parsed by InfluxDB
+    to the very float written, and an int in a float field stays a float field."""
+    influxdb1.write(b"\n".join(_extreme_points()))
+    (series,) = influxdb1.query('SELECT "power_w", "gpu_index" FROM "gpu"')
+    stored = {int(index): value for _, value, index in series["values"]}
+    assert stored == {i: float(v) for i, v in enumerate(_EXTREMES)}
+    keys = influxdb1.query('SHOW FIELD KEYS FROM "gpu"')[0]["values"]
+    assert dict(keys) == {"lost": "float", "power_w": "float"}
+
+
+def test_template_values_are_parsed_by_victoria_metrics(
+    victoria_metrics: VictoriaMetricsProcess,
+) -> None:
+    """VictoriaMetrics parses every one of those lines (it skips bad ones silently)."""
+    victoria_metrics.write(b"\n".join(_extreme_points()))
+    exported = victoria_metrics.export('{__name__="gpu_power_w"}')
+    stored = {int(s["metric"]["gpu_index"]): s["values"][0] for s in exported}
+    assert set(stored) == set(range(len(_EXTREMES)))
+    for i, value in enumerate(_EXTREMES):  # VictoriaMetrics keeps 15 or so digits
+        assert math.isclose(stored[i], float(value), rel_tol=1e-12, abs_tol=1e-300), i
 
 
 def test_template_caches_one_head_per_series_and_stays_bounded(

@@ -177,7 +177,7 @@ class InfluxSink:
         invalid = 0
         for point in points:
             try:
-                line = point.to_line(PRECISION).encode()
+                line = point.encode(PRECISION)
             except (AttributeError, TypeError, ValueError):
                 invalid += 1  # a value line protocol cannot carry: a caller's bug
                 continue
