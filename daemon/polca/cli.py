@@ -90,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     demo.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="at the end, write row.csv (row power and level) and uncapped.csv (the "
+        "uncapped counterfactual, a power history for `polca plan --history`) here",
+    )
+    demo.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], default="warning"
     )
 
@@ -441,6 +449,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         incident_at_s=args.incident_at if args.incident_at >= 0 else None,
         incident_s=args.incident_s,
         broker=_broker_address(args.broker),
+        record_dir=args.record,
     )
     log = structlog.get_logger()
     try:

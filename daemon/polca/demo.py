@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import sys
 import tempfile
 import time
@@ -26,7 +27,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Final, TextIO
 
 import structlog
 
@@ -75,6 +76,8 @@ SITE = "demo"
 AGGREGATOR_INSTANCE = "demo-aggregator"
 ROW = "row1"
 NON_GPU_W = 1500.0  # CPUs, memory, NICs and fans of an 8-GPU server
+RECORD_MAX: Final = 86_400
+"""Seconds of row and uncapped power a run keeps for ``--record`` (the last day at 1 Hz)."""
 # One in-row CDU per rack, sized for a rack of four 8-GPU nodes (~35 kW at full load).
 CDU_RATINGS = CduRatings(heat_capacity_kw=40.0, design_flow_lpm=60.0)
 
@@ -101,6 +104,7 @@ class DemoOptions:
     sample_interval_s: float = 0.25
     incident_at_s: float | None = 45.0  # a CDU pump fails this long after the start
     incident_s: float = 30.0  # ... and is repaired after this long
+    record_dir: Path | None = None  # write the run's row and uncapped power here (CSV)
 
     @property
     def nodes(self) -> list[tuple[str, str]]:
@@ -140,6 +144,17 @@ class DemoView:
     uncapped_w: float | None = None
     uncapped_peak_w: float = 0.0
     clock_mhz: dict[str, list[float]] = field(default_factory=dict)  # class -> [sum, count]
+    started_wall_s: float = field(default_factory=time.time)
+    # (s since start, row power W, level, level name), one per row summary
+    row_record: deque[tuple[float, float, int, str]] = field(
+        default_factory=lambda: deque(maxlen=RECORD_MAX)
+    )
+    # (s since start, uncapped row power W, uncapped GPU power W per class), once a second
+    uncapped_record: deque[tuple[float, float, dict[str, float]]] = field(
+        default_factory=lambda: deque(maxlen=RECORD_MAX)
+    )
+    _uncapped_sum: list[float] = field(default_factory=lambda: [0.0, 0])  # [W sum, count]
+    _uncapped_class_sum: dict[str, float] = field(default_factory=dict)
 
     def handle(self, message: InMessage) -> None:
         """Take one message of the demo site."""
@@ -190,21 +205,74 @@ class DemoView:
         elif isinstance(payload, Control) and payload.scope == "rack" and payload.rack:
             self.rack_levels[payload.rack] = payload.level
 
-    def tick(self) -> None:
-        """Once a second: read the uncapped counterfactual of the same load."""
+    def sample_counterfactual(self) -> None:
+        """At the agents' sample interval: read the uncapped counterfactual of the same load."""
         if self.counterfactual is not None:
-            self.uncapped_w = self.counterfactual.sample_w()
+            total_w, by_class = self.counterfactual.sample()
+            self._uncapped_sum[0] += total_w
+            self._uncapped_sum[1] += 1
+            for cls, power_w in by_class.items():
+                self._uncapped_class_sum[cls] = self._uncapped_class_sum.get(cls, 0.0) + power_w
+
+    def tick(self) -> None:
+        """Once a second: the counterfactual's mean over the second, as agents report theirs
+        (a peak of instantaneous readings would sit above the row's 1 s means)."""
+        if self.counterfactual is not None and not self._uncapped_sum[1]:
+            self.sample_counterfactual()
+        total, count = self._uncapped_sum
+        if count:
+            self.uncapped_w = total / count
+            by_class = {cls: w / count for cls, w in self._uncapped_class_sum.items()}
             self.uncapped_peak_w = max(self.uncapped_peak_w, self.uncapped_w)
+            self.uncapped_record.append((self._since_start_s(), self.uncapped_w, by_class))
+        self._uncapped_sum = [0.0, 0]
+        self._uncapped_class_sum = {}
+
+    def _since_start_s(self) -> float:
+        return time.monotonic() - self.started_s
 
     def _on_summary(self, summary: RowSummary) -> None:
         self.summary = summary
         pct = 100.0 * summary.power_w / summary.effective_budget_w
         self.peak_pct = max(self.peak_pct, pct)
         self.level_s[summary.level_name or str(summary.level)] += 1
+        self.row_record.append(
+            (
+                self._since_start_s(),
+                summary.power_w,
+                summary.level,
+                summary.level_name or str(summary.level),
+            )
+        )
         top = len(summary.thresholds_w)
         if summary.level == top and self.last_level != top:
             self.brake_events += 1
         self.last_level = summary.level
+
+    def write_record(self, directory: Path, classes: tuple[str, ...]) -> list[Path]:
+        """The run as two CSV files in ``directory``: ``row.csv`` (timestamp, the row's
+        power and level, per row summary) and ``uncapped.csv`` (timestamp, the uncapped
+        counterfactual's row power and its GPU power of the first class, ``hp_power_w``,
+        and of the others, ``lp_power_w``): a power history ``polca plan --history``
+        reads. Timestamps are Unix seconds (the run's monotonic offsets from its start).
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        row_path, uncapped_path = directory / "row.csv", directory / "uncapped.csv"
+        t0 = self.started_wall_s
+        with row_path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["timestamp", "power_w", "level", "level_name"])
+            for t_s, power_w, level, name in self.row_record:
+                writer.writerow([f"{t0 + t_s:.3f}", f"{power_w:.1f}", level, name])
+        first = classes[0] if classes else None
+        with uncapped_path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["timestamp", "power_w", "hp_power_w", "lp_power_w"])
+            for t_s, total_w, by_class in self.uncapped_record:
+                hp_w = by_class.get(first, 0.0) if first is not None else 0.0
+                lp_w = sum(w for c, w in by_class.items() if c != first)
+                writer.writerow([f"{t0 + t_s:.3f}", f"{total_w:.1f}", f"{hp_w:.1f}", f"{lp_w:.1f}"])
+        return [row_path, uncapped_path]
 
     def render(self) -> str:
         """The live view as text."""
@@ -349,19 +417,24 @@ class Counterfactual:
         self._clock: dict[str, list[float]] = {}
         self._gpus = [(b, [info.index for info in b.discover()]) for b in backends]
 
-    def sample_w(self) -> float:
-        """Row power now: every GPU plus each node's non-GPU power."""
+    def sample(self) -> tuple[float, dict[str, float]]:
+        """Row power now (every GPU plus each node's non-GPU power), and the GPU power of
+        each priority class."""
         total = NON_GPU_W * len(self.backends)
+        by_class: dict[str, float] = {}
         for backend, indices in self._gpus:
             for index in indices:
                 sample = backend.sample(index)
-                total += (sample.power_mw or 0) / 1000.0
+                power_w = (sample.power_mw or 0) / 1000.0
+                total += power_w
                 cls = self.classes.get(index)
+                if cls is not None:
+                    by_class[cls] = by_class.get(cls, 0.0) + power_w
                 if cls is not None and sample.sm_clock_mhz is not None:
                     acc = self._clock.setdefault(cls, [0.0, 0.0])
                     acc[0] += sample.sm_clock_mhz
                     acc[1] += 1
-        return total
+        return total, by_class
 
     def mean_clock_mhz(self, cls: str) -> float | None:
         """The class's time-averaged SM clock so far, uncapped."""
@@ -374,6 +447,11 @@ async def _view(bus: MqttBus, view: DemoView, out: TextIO, *, tty: bool) -> None
         while True:
             view.handle(await bus.get())
 
+    async def sample() -> None:
+        while True:
+            await asyncio.sleep(view.options.sample_interval_s)
+            view.sample_counterfactual()
+
     async def draw() -> None:
         while True:
             await asyncio.sleep(1.0)
@@ -384,6 +462,7 @@ async def _view(bus: MqttBus, view: DemoView, out: TextIO, *, tty: bool) -> None
 
     async with asyncio.TaskGroup() as tg:
         tg.create_task(consume())
+        tg.create_task(sample())
         tg.create_task(draw())
 
 
@@ -574,5 +653,8 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
             await view_bus.close(timeout_s=1.0)
         out.write(view.render())
         out.write(view.closing_summary())
+        if options.record_dir is not None:
+            paths = view.write_record(options.record_dir, policy.classes)
+            out.write(f"recorded           : {', '.join(str(p) for p in paths)}\n")
         out.flush()
     return view

@@ -5,6 +5,7 @@ InfluxDB output."""
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,30 @@ def test_fuzz_mutated_histories_only_raise_trace_error(
         assert np.all(history.power_w >= 0)
         return
     assert "history-fuzz.csv" in error, error
+
+
+def test_history_plan_takes_the_server_options(tmp_path: Path) -> None:
+    """--server-other-w and --server-overhead reach the replay, as for a trace: with more
+    steady non-GPU power per server (or more overhead), less of the recorded row is GPU
+    power a clock cap lowers, so the capped peak is higher (the uncapped one, the recorded
+    shape scaled per server, stays)."""
+    path = tmp_path / "row.csv"
+    rows = [f"{1_800_000_000 + 2 * i},{BUDGET_W * (0.6 + 0.2 * (i % 5) / 4)}" for i in range(60)]
+    path.write_text("timestamp,power_w\n" + "\n".join(rows) + "\n")
+
+    def peak(*extra: str) -> float:
+        argv = ["plan", "--policy", str(A100_POLICY), "--actuation", "in-band", "--warmup", "0"]
+        argv += ["--history", str(path), "--servers", str(BASE), "--oversubscription", "30%"]
+        argv += ["--no-plots", "--out", str(tmp_path / "plan"), *extra]
+        out, err = io.StringIO(), io.StringIO()
+        assert cli.main(cli.parse(argv), out=out, err=err) == 0, err.getvalue()
+        plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+        point = plan["scenarios"][0]["points"][0]
+        assert point["uncapped_peak_pct"] == pytest.approx(130.0 * 0.8)
+        return float(point["peak_pct"])
+
+    default = peak()
+    more_other = peak("--server-other-w", str(SERVER.other_w + 1000.0))
+    more_overhead = peak("--server-overhead", str(SERVER.overhead_frac + 0.2))
+    assert more_other > default + 0.01  # the options were ignored once: equal peaks
+    assert more_overhead > default + 0.01

@@ -294,6 +294,13 @@ def add_parsers(subparsers: Any) -> None:
         "--history-step-s", type=float, default=2.0, help="readings averaged onto this step"
     )
     hist.add_argument(
+        "--history-gpu-physics",
+        default=None,
+        metavar="MODEL",
+        help="replay on the simulated GPU backend's power model (what `polca demo` runs: "
+        "H100-SXM, ...) instead of the profile's, as for a `polca demo --record` history",
+    )
+    hist.add_argument(
         "--decode-share",
         type=float,
         default=0.5,

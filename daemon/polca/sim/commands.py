@@ -239,7 +239,19 @@ def _history_plan(
         f"{recorded.step_s:g} s, peak {recorded.power_w.max() / 1000:.1f} kW\n"
     )
     gpu, server = gpu_and_server(scenario)
-    budget_w = row_config(scenario.with_oversubscription(0.0)).budget_w
+    if args.history_gpu_physics is not None:
+        from polca.physics.presets import get_model  # noqa: PLC0415
+        from polca.sim.agreement import daemons_gpu  # noqa: PLC0415
+
+        try:
+            gpu = daemons_gpu(get_model(args.history_gpu_physics))
+        except ValueError as exc:
+            msg = f"--history-gpu-physics: {exc}"
+            raise SimConfigError(msg) from exc
+    row = row_config(scenario.with_oversubscription(0.0))
+    # The server as the options give it (--server-other-w, --server-overhead), as for a trace.
+    server = replace(server, other_w=row.server_other_w, overhead_frac=row.server_overhead_frac)
+    budget_w = row.budget_w
     return history_mod.plan_history(
         recorded,
         variants,

@@ -356,8 +356,10 @@ def replay(  # noqa: PLR0915 - the replay loop keeps its state in locals, as the
     assignment: str = "server",
     decode_share: float = 0.5,
     warmup_s: float = 60.0,
+    series: bool = False,
 ) -> dict[str, Any]:
-    """One deployment replayed over the history: the numbers ``plan_point`` has."""
+    """One deployment replayed over the history: the numbers ``plan_point`` has (and with
+    ``series``, the row's power and applied level per step, under ``"series"``)."""
     if not 0.0 <= decode_share <= 1.0:
         msg = f"decode_share must be within 0..1, got {decode_share}"
         raise SimConfigError(msg)
@@ -510,6 +512,11 @@ def replay(  # noqa: PLR0915 - the replay loop keeps its state in locals, as the
         loss = lost / total_work if total_work > 0 else 0.0
         out[f"{name}_throughput_loss_pct"] = 100.0 * loss
     levels_kept = level_of[keep]
+    counts = np.bincount(levels_kept, minlength=levels)
+    out["time_at_level_pct"] = {
+        (policy.level_name(i) if policy is not None else "nominal"): 100.0 * float(c) / keep.sum()
+        for i, c in enumerate(counts)
+    }
     out.update(
         brake_events=float(brakes),
         peak_pct=100.0 * float(row_w[keep].max()) / budget_w,
@@ -517,6 +524,13 @@ def replay(  # noqa: PLR0915 - the replay loop keeps its state in locals, as the
         capped_time_pct=100.0 * float(np.mean(levels_kept > 0)),
         capping_events=int(np.count_nonzero((levels_kept[1:] > 0) & (levels_kept[:-1] == 0))),
     )
+    if series:
+        out["series"] = {
+            "t_s": (np.arange(n_steps) * dt).tolist(),
+            "row_w": row_w.tolist(),
+            "uncapped_w": uncapped_w.tolist(),
+            "level": level_of.tolist(),
+        }
     return out
 
 

@@ -187,3 +187,41 @@ def frontier_figure(plan: dict[str, Any]) -> Figure:
 
 
 __all__ = ["frontier_figure", "frontier_plot", "latency_figure", "latency_plot", "power_plot"]
+
+
+def agreement_plot(
+    path: Path,
+    daemons: tuple[list[float], list[float], list[int]],
+    simulator: dict[str, Any],
+    *,
+    budget_w: float,
+    level_names: list[str],
+    title: str,
+) -> None:
+    """Row power and level of the daemons' run (``daemons``: seconds, W, level) against
+    the simulator's replay of the same uncapped load (``agreement``'s series)."""
+    t0 = simulator["t0"]
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(9, 4.8), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    t_sim = np.asarray(simulator["t_s"]) / 60.0
+    t_run = (np.asarray(daemons[0]) - t0) / 60.0
+    top.plot(t_sim, 100.0 * np.asarray(simulator["uncapped_w"]) / budget_w, color="0.7",
+             linewidth=0.7, label="uncapped (the same load)")  # fmt: skip
+    top.plot(t_run, 100.0 * np.asarray(daemons[1]) / budget_w, color="tab:blue",
+             linewidth=0.9, label="daemons (aggregator, agents, Mosquitto)")  # fmt: skip
+    top.plot(t_sim, 100.0 * np.asarray(simulator["row_w"]) / budget_w, color="tab:orange",
+             linewidth=0.9, linestyle="--", label="simulator (history replay)")  # fmt: skip
+    top.axhline(100.0, color="tab:red", linewidth=0.9)
+    top.set_ylabel("row power, % of budget")
+    top.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    bottom.step(t_run, daemons[2], where="post", color="tab:blue", linewidth=0.9)
+    bottom.step(t_sim, simulator["level"], where="post", color="tab:orange", linestyle="--",
+                linewidth=0.9)  # fmt: skip
+    bottom.set_yticks(range(len(level_names)), level_names, fontsize=7)
+    bottom.set_xlabel("time, minutes")
+    bottom.set_ylabel("level", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)

@@ -1,0 +1,254 @@
+"""The simulator against the running system: one recorded ``polca demo`` run, replayed.
+
+``polca demo --record DIR`` runs the real daemons (aggregator, agents on simulated GPUs,
+the MQTT broker) and writes what the row did (``row.csv``: power and level per row
+summary) and the same load uncapped (``uncapped.csv``, a power history). ``agreement``
+replays ``uncapped.csv`` through the planner's history replay (``polca.sim.history``) with
+the same policy, budget and servers, on the daemons' GPU model (the simulated backend's
+idle power, memory share, clock exponent and clock range: ``daemons_gpu``) and the
+daemons' control timing (1 s telemetry, caps within the step, no hardware brake), and
+compares time per level, capping episodes and peak row power with ``row.csv``.
+
+What is left out on purpose, so it shows as disagreement if it matters: the replay knows
+only the power the load drew at the default limit (not the demand above it), no thermal
+guards, and no sub-second timing.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from polca.errors import SimConfigError
+from polca.physics.presets import GpuModel, get_model
+from polca.policy import Policy
+from polca.sim.history import load_history_csv, replay
+from polca.sim.model import SIM_GPUS, ControlConfig, ServerPreset, SimGpu
+
+MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
+
+DAEMONS_CONTROL: Final = ControlConfig(
+    telemetry_period_s=1.0,  # agent.publish_interval_s; the aggregator evaluates each reading
+    telemetry_delay_s=0.0,  # a reading is the mean of the interval just ended
+    actuation_delay_s=0.0,  # in-band caps land within milliseconds, inside the step
+    trend_window_s=10.0,  # control.trend_window_s
+    brake_tolerance_s=1e9,  # simulated GPUs have no row-level hardware brake
+    brake_hold_s=0.0,
+)
+"""The control timing of the daemons as ``polca demo`` runs them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerances:
+    """How close the replay must come to the daemons' run."""
+
+    level_time_pts: float = 5.0  # each level's share of the time, percentage points
+    # Peak row power, percentage points of the budget. A history holds the power drawn at
+    # the default limit, not the demand above it, so for GPUs at their limit the replay's
+    # capped power is low: with every GPU of the demo's row at its limit under T2's caps,
+    # by 37 W a GPU, 5.6 points of its budget. The tolerance is that bound.
+    peak_pts: float = 6.0
+    capping_events_frac: float = 0.5  # capping episodes, relative (of the larger) ...
+    capping_events_abs: int = 2  # ... or absolute, whichever is looser
+
+
+def daemons_gpu(model: GpuModel) -> SimGpu:
+    """The simulator's GPU with the power model of the daemons' simulated GPUs.
+
+    The replay uses a GPU's resident (idle) power, the share of dynamic power a clock lock
+    does not reduce, the clock exponent, the clock range and the limits; here they are the
+    simulated backend's (``polca.physics.presets``), so both sides run one physics.
+    """
+    base = next((g for g in SIM_GPUS.values() if g.name.lower() == model.name.lower()), None)
+    if base is None:
+        msg = f"no simulator profile for the GPU model {model.name!r}"
+        raise SimConfigError(msg)
+    return dataclasses.replace(
+        base,
+        tdp_w=model.tdp_w,
+        power_limit_min_w=model.power_limit_min_w,
+        power_limit_max_w=model.power_limit_max_w,
+        sm_clock_max_mhz=model.sm_clock_max_mhz,
+        sm_clock_min_mhz=model.sm_clock_min_mhz,
+        resident_power_w=model.idle_power_w,
+        prefill_mem_share=model.mem_power_share,
+        decode_mem_share=model.mem_power_share,
+        clock_power_exponent=model.clock_power_exponent,
+        brake_sm_clock_mhz=model.sm_clock_min_mhz,
+    )
+
+
+def read_row_record(row_csv: Path) -> tuple[list[float], list[float], list[int]]:
+    """``row.csv`` of ``polca demo --record``: (Unix seconds, row power W, level) lists."""
+    times: list[float] = []
+    powers: list[float] = []
+    levels: list[int] = []
+    try:
+        if row_csv.stat().st_size > MAX_RECORD_BYTES:
+            msg = f"{row_csv}: larger than {MAX_RECORD_BYTES} bytes"
+            raise SimConfigError(msg)
+        with row_csv.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None or header[:3] != ["timestamp", "power_w", "level"]:
+                msg = f"{row_csv}: expected a header timestamp,power_w,level,..."
+                raise SimConfigError(msg)
+            for line, row in enumerate(reader, start=2):
+                try:
+                    t_s, power_w, level = float(row[0]), float(row[1]), int(row[2])
+                except (IndexError, ValueError) as exc:
+                    msg = f"{row_csv}:{line}: {exc}"
+                    raise SimConfigError(msg) from exc
+                if not (math.isfinite(t_s) and math.isfinite(power_w)) or not 0 <= level <= 64:
+                    msg = f"{row_csv}:{line}: a reading out of range"
+                    raise SimConfigError(msg)
+                times.append(t_s)
+                powers.append(power_w)
+                levels.append(level)
+    except OSError as exc:
+        msg = f"{row_csv}: {exc.strerror or exc}"
+        raise SimConfigError(msg) from exc
+    except (UnicodeDecodeError, csv.Error) as exc:  # not UTF-8, a NUL, an oversized field
+        msg = f"{row_csv}: not a CSV record: {exc}"
+        raise SimConfigError(msg) from exc
+    return times, powers, levels
+
+
+def observed(
+    row_csv: Path, *, policy: Policy, budget_w: float, start_s: float, end_s: float
+) -> dict[str, Any]:
+    """Time per level, capping episodes and peak of the daemons' run within the window."""
+    times, powers, all_levels = read_row_record(row_csv)
+    window = [i for i, t in enumerate(times) if start_s <= t <= end_s]
+    if not window:
+        msg = f"{row_csv}: no row summary within the replayed window"
+        raise SimConfigError(msg)
+    levels = [min(all_levels[i], policy.top_level) for i in window]
+    peak_w = max(powers[i] for i in window)
+    counts = [levels.count(i) for i in range(policy.top_level + 1)]
+    episodes = sum(1 for a, b in itertools.pairwise(levels) if a == 0 and b > 0)
+    return {
+        "time_at_level_pct": {
+            policy.level_name(i): 100.0 * c / len(levels) for i, c in enumerate(counts)
+        },
+        "capping_events": episodes,
+        "peak_pct": 100.0 * peak_w / budget_w,
+        "summaries": len(levels),
+    }
+
+
+def compare(
+    daemons: dict[str, Any], simulator: dict[str, Any], tolerances: Tolerances
+) -> dict[str, Any]:
+    """Each metric of both runs, their difference, its tolerance and whether it holds."""
+    rows: list[dict[str, Any]] = []
+    for name, share in daemons["time_at_level_pct"].items():
+        other = simulator["time_at_level_pct"].get(name, 0.0)
+        rows.append(_row(f"time at {name} (%)", share, other, tolerances.level_time_pts))
+    d_ep, s_ep = daemons["capping_events"], simulator["capping_events"]
+    allowed = max(tolerances.capping_events_abs, tolerances.capping_events_frac * max(d_ep, s_ep))
+    rows.append(_row("capping episodes", d_ep, s_ep, allowed))
+    peak = ("peak row power (% of budget)", daemons["peak_pct"], simulator["peak_pct"])
+    rows.append(_row(*peak, tolerances.peak_pts))
+    return {"metrics": rows, "agree": all(r["ok"] for r in rows)}
+
+
+def _row(name: str, daemons: float, simulator: float, tolerance: float) -> dict[str, Any]:
+    diff = float(simulator) - float(daemons)
+    return {
+        "metric": name,
+        "daemons": round(float(daemons), 2),
+        "simulator": round(float(simulator), 2),
+        "difference": round(diff, 2),
+        "tolerance": round(float(tolerance), 2),
+        "ok": bool(abs(diff) <= tolerance),
+    }
+
+
+def agreement(
+    record_dir: Path,
+    *,
+    policy: Policy,
+    budget_w: float,
+    servers: int,
+    gpus_per_server: int,
+    model: str,
+    non_gpu_w: float,
+    warmup_s: float = 30.0,
+    tolerances: Tolerances | None = None,
+) -> dict[str, Any]:
+    """Replay a recorded demo run's uncapped load and compare it with what the row did."""
+    tolerances = tolerances or Tolerances()
+    history = load_history_csv(record_dir / "uncapped.csv", step_s=1.0)
+    t0 = _first_timestamp(record_dir / "uncapped.csv")
+    gpu = daemons_gpu(get_model(model))
+    first = policy.classes[0]
+    hp_gpus = sum(policy.static_class(index=i, uuid="") == first for i in range(gpus_per_server))
+    simulated = replay(
+        history,
+        gpu=gpu,
+        server=ServerPreset(
+            gpu=gpu.name,
+            provisioned_w=budget_w / servers,
+            other_w=non_gpu_w,
+            overhead_frac=0.0,
+            load_scale=1.0,
+        ),
+        base_servers=servers,
+        servers=servers,
+        gpus_per_server=gpus_per_server,
+        budget_w=budget_w,
+        policy=policy,
+        control=DAEMONS_CONTROL,
+        hp_share=hp_gpus / gpus_per_server,
+        assignment="gpu",
+        warmup_s=warmup_s,
+        series=True,
+    )
+    start_s = t0 + warmup_s
+    end_s = t0 + history.duration_s
+    daemons = observed(
+        record_dir / "row.csv", policy=policy, budget_w=budget_w, start_s=start_s, end_s=end_s
+    )
+    return {
+        "window_s": [round(warmup_s, 1), round(history.duration_s, 1)],
+        "daemons": daemons,
+        "simulator": {k: simulated[k] for k in ("time_at_level_pct", "capping_events", "peak_pct")},
+        "simulator_uncapped_peak_pct": simulated["uncapped_peak_pct"],
+        "simulator_series": {"t0": t0, **simulated["series"]},
+        "control": dataclasses.asdict(DAEMONS_CONTROL),
+        "tolerances": dataclasses.asdict(tolerances),
+        **compare(daemons, simulated, tolerances),
+    }
+
+
+def _first_timestamp(path: Path) -> float:
+    """The first reading's time (``load_history_csv`` has checked the file already)."""
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        next(reader, None)
+        first = next(reader, None)
+    if not first:
+        msg = f"{path}: no readings"
+        raise SimConfigError(msg)
+    try:
+        return float(first[0])
+    except ValueError as exc:
+        msg = f"{path}:2: {exc}"
+        raise SimConfigError(msg) from exc
+
+
+__all__ = [
+    "DAEMONS_CONTROL",
+    "Tolerances",
+    "agreement",
+    "compare",
+    "daemons_gpu",
+    "observed",
+    "read_row_record",
+]

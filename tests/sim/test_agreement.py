@@ -1,0 +1,256 @@
+"""The simulator against the running system: a recorded ``polca demo`` run through the
+real daemons and Mosquitto, replayed by the planner's history replay on the daemons' GPU
+model; and the comparison's own parts (the record reader, the tolerances)."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+
+from polca.demo import DEMO_POLICY, NON_GPU_W, DemoOptions
+from polca.errors import SimConfigError
+from polca.physics.presets import get_model
+from polca.policy import load_policy
+from polca.sim.agreement import (
+    Tolerances,
+    agreement,
+    compare,
+    daemons_gpu,
+    observed,
+    read_row_record,
+)
+from tests.fuzzing import FUZZ, mutated
+from tests.mqtt_broker import MosquittoProcess
+
+POLICY = load_policy(DEMO_POLICY).policy
+# The demo's own row (12 nodes, its load and budget) for its first 150 s: T1 and T2 within
+# the first minute, released after two.
+OPTIONS = DemoOptions()
+BUDGET_W = OPTIONS.budget_fraction * OPTIONS.nameplate_w()
+DURATION_S = 150
+# The shared demo run is set up inside the first test that needs it.
+pytestmark = pytest.mark.timeout(DURATION_S + 150)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One demo run through a real Mosquitto, recorded (shared by the tests below)."""
+    work = tmp_path_factory.mktemp("agreement")
+    broker = MosquittoProcess(work / "mosquitto")
+    broker.start()
+    try:
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "polca", "demo"),
+                *("--duration", str(DURATION_S), "--incident-at", "-1"),
+                *("--broker", f"{broker.host}:{broker.port}", "--record", str(work / "run")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=DURATION_S + 120,
+            check=False,
+            cwd=work,
+        )
+    finally:
+        broker.stop()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"recorded\s+: .*row\.csv, .*uncapped\.csv", result.stdout)
+    return work / "run"
+
+
+def _agreement(
+    record: Path, policy_text: str | None = None, tmp: Path | None = None
+) -> dict[str, Any]:
+    policy = POLICY
+    if policy_text is not None and tmp is not None:
+        path = tmp / "policy.yaml"
+        path.write_text(policy_text)
+        policy = load_policy(path).policy
+    return agreement(
+        record,
+        policy=policy,
+        budget_w=BUDGET_W,
+        servers=len(OPTIONS.nodes),
+        gpus_per_server=OPTIONS.gpus_per_node,
+        model=OPTIONS.model,
+        non_gpu_w=NON_GPU_W,
+        warmup_s=20.0,
+    )
+
+
+def test_simulator_agrees_with_the_daemons_on_the_same_load(recorded: Path) -> None:
+    """Time per level, capping episodes and peak row power within the stated tolerances,
+    and the run really capped (a run that never left nominal would agree trivially)."""
+    result = _agreement(recorded)
+    by_metric = {m["metric"]: m for m in result["metrics"]}
+    assert result["agree"], "\n".join(str(m) for m in result["metrics"])
+    assert by_metric["time at nominal (%)"]["daemons"] < 90.0
+    assert by_metric["time at T2 (%)"]["daemons"] + by_metric["time at T1 (%)"]["daemons"] > 10
+    assert result["daemons"]["summaries"] >= DURATION_S - 40
+    assert (
+        result["simulator_uncapped_peak_pct"]
+        > by_metric["peak row power (% of budget)"]["simulator"]
+    )
+
+
+def test_a_different_policy_disagrees_with_the_same_run(recorded: Path, tmp_path: Path) -> None:
+    """The comparison can fail: the replay with thresholds 15 points lower is told apart."""
+    text = DEMO_POLICY.read_text()
+    text = text.replace("threshold_pct: 80", "threshold_pct: 65").replace(
+        "threshold_pct: 89", "threshold_pct: 74"
+    )
+    result = _agreement(recorded, text, tmp_path)
+    assert not result["agree"]
+    missed = {m["metric"] for m in result["metrics"] if not m["ok"]}
+    assert missed & {"time at nominal (%)", "time at T1 (%)", "time at T2 (%)"}
+
+
+def test_record_files_are_a_history_and_a_level_timeline(recorded: Path) -> None:
+    """uncapped.csv is what ``polca plan --history`` reads; row.csv has every summary."""
+    times, powers, levels = read_row_record(recorded / "row.csv")
+    assert len(times) == len(powers) == len(levels) >= DURATION_S - 20
+    assert times == sorted(times)
+    assert set(levels) <= set(range(POLICY.top_level + 1))
+    header = (recorded / "uncapped.csv").read_text().splitlines()[0]
+    assert header == "timestamp,power_w,hp_power_w,lp_power_w"
+
+
+def test_daemons_gpu_is_the_simulated_backends_physics() -> None:
+    model = get_model("H100-SXM")
+    gpu = daemons_gpu(model)
+    assert gpu.resident_power_w == model.idle_power_w
+    assert gpu.prefill_mem_share == gpu.decode_mem_share == model.mem_power_share
+    assert gpu.clock_power_exponent == model.clock_power_exponent
+    assert (gpu.sm_clock_min_mhz, gpu.sm_clock_max_mhz) == (
+        model.sm_clock_min_mhz,
+        model.sm_clock_max_mhz,
+    )
+
+
+def _row_csv(tmp_path: Path, lines: list[str]) -> Path:
+    path = tmp_path / "row.csv"
+    path.write_text("\n".join(["timestamp,power_w,level,level_name", *lines]) + "\n")
+    return path
+
+
+def test_observed_counts_levels_episodes_and_peak_in_the_window(tmp_path: Path) -> None:
+    path = _row_csv(
+        tmp_path,
+        [
+            "0,50,0,nominal",  # before the window
+            "1,60,0,nominal",
+            "2,85,1,T1",
+            "3,95,2,T2",
+            "4,70,0,nominal",
+            "5,82,1,T1",
+            "6,99,3,brake",  # after the window
+        ],
+    )
+    seen = observed(path, policy=POLICY, budget_w=100.0, start_s=1.0, end_s=5.0)
+    assert seen["time_at_level_pct"] == {"nominal": 40.0, "T1": 40.0, "T2": 20.0, "brake": 0.0}
+    assert seen["capping_events"] == 2
+    assert seen["peak_pct"] == 95.0
+
+
+@pytest.mark.parametrize(
+    ("lines", "error"),
+    [
+        (["x,1,0,nominal"], r"row\.csv:2:"),
+        (["1,nan,0,nominal"], "out of range"),
+        (["1,10,-1,nominal"], "out of range"),
+        (["1,10"], r"row\.csv:2:"),
+        ([], "no row summary"),
+    ],
+)
+def test_a_bad_record_is_refused_by_line(tmp_path: Path, lines: list[str], error: str) -> None:
+    path = _row_csv(tmp_path, lines)
+    with pytest.raises(SimConfigError, match=error):
+        observed(path, policy=POLICY, budget_w=100.0, start_s=0.0, end_s=10.0)
+
+
+def test_a_record_without_its_header_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "row.csv"
+    path.write_text("1,2,3\n")
+    with pytest.raises(SimConfigError, match="expected a header"):
+        read_row_record(path)
+    with pytest.raises(SimConfigError, match="No such file"):
+        read_row_record(tmp_path / "missing.csv")
+
+
+def test_compare_applies_each_tolerance() -> None:
+    base = {
+        "time_at_level_pct": {"nominal": 60.0, "T1": 40.0},
+        "capping_events": 4,
+        "peak_pct": 95.0,
+    }
+    close = {"time_at_level_pct": {"nominal": 64.0, "T1": 36.0}, "capping_events": 6,
+             "peak_pct": 97.5}  # fmt: skip
+    far = {"time_at_level_pct": {"nominal": 70.0, "T1": 30.0}, "capping_events": 9,
+           "peak_pct": 101.5}  # fmt: skip
+    tol = Tolerances()
+    assert compare(base, close, tol)["agree"]
+    missed = {m["metric"] for m in compare(base, far, tol)["metrics"] if not m["ok"]}
+    assert missed == {
+        "time at nominal (%)",
+        "time at T1 (%)",
+        "capping episodes",
+        "peak row power (% of budget)",
+    }
+
+
+def test_the_record_plans_with_the_daemons_physics(recorded: Path, tmp_path: Path) -> None:
+    """The loop closes: ``polca plan --history uncapped.csv --history-gpu-physics`` on the
+    demo's own record, with its budget and servers; a wrong model is a clear error."""
+    from polca.sim import cli
+
+    argv = ["plan", "--policy", str(DEMO_POLICY), "--actuation", "in-band", "--model", "H100-SXM"]
+    argv += ["--history", str(recorded / "uncapped.csv"), "--history-step-s", "1"]
+    argv += ["--servers", str(len(OPTIONS.nodes)), "--budget-w", str(BUDGET_W)]
+    argv += ["--server-other-w", str(NON_GPU_W), "--server-overhead", "0"]
+    argv += ["--oversubscription", "0,10%", "--warmup", "20", "--no-plots", "--out", str(tmp_path)]
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(cli.parse([*argv, "--history-gpu-physics", "H100-SXM"]), out=out, err=err)
+    assert code == 0, err.getvalue()
+    text = out.getvalue()
+    assert "simulated-demo in-band" in text
+    assert "servers (+" in text or "no swept deployment" in text
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(cli.parse([*argv, "--history-gpu-physics", "B300"]), out=out, err=err)
+    assert code != 0
+    assert "--history-gpu-physics: unknown GPU model 'B300'" in err.getvalue()
+
+
+_ROW_CSV = "timestamp,power_w,level,level_name\n" + "".join(
+    f"{1_800_000_000 + i}.5,{50_000 + 300 * (i % 9)},{i % 4},T{i % 4}\n" for i in range(30)
+)
+
+
+@FUZZ
+@given(text=mutated(_ROW_CSV))
+def test_fuzz_mutated_records_only_raise_sim_config_error(
+    text: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A mutated row.csv reads as finite readings with levels in range, or is a
+    SimConfigError naming the file, nothing else."""
+    path = tmp_path_factory.getbasetemp() / "row-fuzz.csv"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    try:
+        times, powers, levels = read_row_record(path)
+    except SimConfigError as exc:
+        error = str(exc)
+    else:
+        assert len(times) == len(powers) == len(levels)
+        assert all(
+            math.isfinite(t) and math.isfinite(p) for t, p in zip(times, powers, strict=True)
+        )
+        assert all(0 <= level <= 64 for level in levels)
+        return
+    assert "row-fuzz.csv" in error, error
