@@ -15,7 +15,7 @@ import matplotlib.pyplot
 import numpy as np
 import pytest
 
-from polca.errors import SimCollapsedError
+from polca.errors import SimCollapsedError, SimConfigError
 from polca.policy import Policy
 from polca.sim import cli
 from polca.sim.plan import (
@@ -279,3 +279,28 @@ def test_bisection_finds_the_grids_answer_with_fewer_runs(a100_policy: Policy) -
     by_ratio = {p["ratio"]: p for p in f["points"]}
     for p in b["points"]:
         assert p["violations"] == by_ratio[p["ratio"]]["violations"]
+
+
+def test_decode_admission_is_bounded_per_gpu() -> None:
+    """An overloaded tiny row: with a decode batch of at most 2 per GPU, prompts wait for a
+    slot and time out instead of joining decode, so fewer are in flight at the end and more
+    are dropped; the bound never changes a row that stays under it."""
+    s = tiny_scenario(load_scale=40.0, duration_s=300.0, max_in_flight_per_gpu=100_000)
+    trace = load_trace("azure-code")
+    loose = run_once(replace(s, max_decode_batch=100_000), trace, None)
+    tight = run_once(replace(s, max_decode_batch=2), trace, None)
+    assert sum(tight.unfinished) < sum(loose.unfinished)
+    assert sum(tight.dropped) > sum(loose.dropped)
+    # In flight at the end: each GPU's batch (at most 2, plus prompts finishing in the same
+    # step) and the prompts queued for at most --max-wait-s.
+    assert sum(tight.unfinished) < sum(loose.unfinished) / 2
+    healthy = tiny_scenario(duration_s=300.0)
+    a = run_once(replace(healthy, max_decode_batch=100_000), trace, None)
+    b = run_once(healthy, trace, None)
+    assert a.dropped == b.dropped
+    assert np.array_equal(a.req_latency_s, b.req_latency_s)
+
+
+def test_decode_batch_must_be_positive() -> None:
+    with pytest.raises(SimConfigError, match="max_decode_batch must be at least 1"):
+        run_once(tiny_scenario(max_decode_batch=0), load_trace("azure-code"), None)

@@ -219,6 +219,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="more requests in flight per GPU means the row collapsed: the run stops",
     )
     run.add_argument(
+        "--max-decode-batch",
+        type=int,
+        default=256,
+        help="requests one GPU decodes at once (vLLM's max_num_seqs); a full batch starts "
+        "no prefill, so prompts queue and time out by --max-wait-s",
+    )
+    run.add_argument(
         "--time-limit-s",
         type=float,
         default=None,

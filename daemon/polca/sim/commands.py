@@ -73,6 +73,7 @@ def scenario_from_args(
         seed=args.seed,
         max_in_flight_per_gpu=args.max_in_flight_per_gpu,
         time_limit_s=args.time_limit_s,
+        max_decode_batch=args.max_decode_batch,
     )
 
 

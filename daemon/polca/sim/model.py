@@ -298,8 +298,15 @@ class SimConfig:
     # stops with SimCollapsedError. A run that ends is never changed by them.
     max_in_flight_per_gpu: int = 1024
     time_limit_s: float | None = None
+    # A GPU decodes at most this many requests at once (vLLM's max_num_seqs, 256 by
+    # default); while its batch is full it starts no prefill, so prompts queue and age out
+    # by max_wait_s instead of piling up in decode.
+    max_decode_batch: int = 256
 
     def __post_init__(self) -> None:
+        if self.max_decode_batch < 1:
+            msg = f"max_decode_batch must be at least 1, got {self.max_decode_batch}"
+            raise SimConfigError(msg)
         if self.max_in_flight_per_gpu < 1:
             msg = f"max_in_flight_per_gpu must be at least 1, got {self.max_in_flight_per_gpu}"
             raise SimConfigError(msg)

@@ -382,6 +382,8 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
     q_lim_min = 0.0
 
     in_flight_cap = config.max_in_flight_per_gpu * n_gpus
+    batch_cap = config.max_decode_batch
+    batch_full: npt.NDArray[np.bool_] | None = None  # GPUs whose decode batch is full
     deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
     for k in range(n_steps):
         t0 = k * dt
@@ -506,6 +508,8 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
 
         # --- 4. prefill ------------------------------------------------------------------
         busy_p = np.minimum(offset_dt, (backlog - done) / speed_pre)
+        if batch_full is not None:  # a full decode batch admits no new request
+            busy_p = np.where(batch_full, 0.0, busy_p)
         done_old = done
         done = np.minimum(done + busy_p * speed_pre, backlog)
         pre_dyn_w = zeros
@@ -573,10 +577,14 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
                 keep_d = np.ones(decode.shape[1], dtype=bool)
                 keep_d[e] = False
                 decode = decode.compress(keep_d, axis=1)
+                np.subtract.at(n_dec, ge, 1)
+            full = n_dec >= batch_cap
+            batch_full = full if full.any() else None
             dyn_dec = float(dec_dyn_w @ window_s) if rows == 1 else 0.0
         else:
             dec_dyn_w = zeros
             dyn_dec = 0.0
+            batch_full = None
 
         # --- 6. power --------------------------------------------------------------------
         pre_busy_acc += busy_p

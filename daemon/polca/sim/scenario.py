@@ -65,6 +65,7 @@ class Scenario:
     seed: int = 0
     max_in_flight_per_gpu: int = 1024  # past it the run has collapsed (SimCollapsedError)
     time_limit_s: float | None = None  # wall time per run, then collapsed
+    max_decode_batch: int = 256  # requests one GPU decodes at once (vLLM's max_num_seqs)
 
     @property
     def servers(self) -> int:
@@ -141,6 +142,7 @@ def run_once(s: Scenario, trace: Trace, policy: Policy | None) -> RunResult:
         warmup_s=s.warmup_s,
         max_in_flight_per_gpu=s.max_in_flight_per_gpu,
         time_limit_s=s.time_limit_s,
+        max_decode_batch=s.max_decode_batch,
     )
     if not 0.0 <= s.warmup_s < s.duration_s:
         msg = f"warmup_s ({s.warmup_s} s) must be within [0, duration_s ({s.duration_s} s))"
