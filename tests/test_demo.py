@@ -52,3 +52,7 @@ def test_demo_row_reaches_caps_and_prints_a_summary(tmp_path: Path) -> None:
     given = re.search(r"clock given up\s+: high ([-+][\d.]+)%, low ([-+][\d.]+)%", out)
     assert given, out[-1500:]
     assert float(given.group(2)) <= float(given.group(1)) <= 0.5  # low gives up the most
+    cost = re.search(r"latency cost\s+: high ([-+][\d.]+)%, low ([-+][\d.]+)% \(the planner", out)
+    assert cost, out[-1500:]
+    assert float(cost.group(2)) >= float(cost.group(1)) >= -0.5  # low pays the most
+    assert float(cost.group(2)) > 0.0  # the row was capped, so low-priority work slowed

@@ -46,6 +46,7 @@ from polca.cooling.plant import CduRatings, SimulatedCdu
 from polca.cooling.publisher import run_plant
 from polca.export.influx import make_sink
 from polca.gpu.simulated import SimulatedBackend
+from polca.physics import power
 from polca.physics.presets import get_model
 from polca.policy import PolicyStore, load_policy
 from polca.settings import (
@@ -121,6 +122,45 @@ class DemoOptions:
         return len(self.nodes) * (self.gpus_per_node * gpu_w + NON_GPU_W)
 
 
+DECODE_SHARE: Final = 0.5
+"""Share of a busy GPU's time spent decoding, as the planner's ``--decode-share`` default."""
+
+
+class LatencyCost:
+    """The work slowdown of each class's busy GPUs at the clocks they ran, averaged over
+    samples: the planner's clock -> latency relation (``physics.power.work_slowdown``,
+    with the profile's exponents for the demo's GPU model), so that the demo's latency
+    cost per class is the planner's model of it."""
+
+    def __init__(self, model: str) -> None:
+        from polca.sim.profile import shipped_profile  # noqa: PLC0415 - no numpy needed
+
+        gpu, _ = shipped_profile(model.lower()).values()
+        self.prefill_exponent = float(gpu["prefill_clock_exponent"])
+        self.decode_exponent = float(gpu["decode_clock_exponent"])
+        self.max_clock_mhz = get_model(model).sm_clock_max_mhz
+        self._sum: dict[str, list[float]] = {}  # class -> [slowdown sum, samples]
+
+    def add(self, cls: str, sm_clock_mhz: int | None, util_pct: float | None) -> None:
+        """One GPU sample; idle GPUs (no utilization) carry no work and are left out."""
+        if sm_clock_mhz is None or not sm_clock_mhz > 0 or not (util_pct or 0.0) > 0.0:
+            return
+        slow = power.work_slowdown(
+            min(1.0, sm_clock_mhz / self.max_clock_mhz),
+            decode_share=DECODE_SHARE,
+            prefill_clock_exponent=self.prefill_exponent,
+            decode_clock_exponent=self.decode_exponent,
+        )
+        acc = self._sum.setdefault(cls, [0.0, 0.0])
+        acc[0] += slow
+        acc[1] += 1
+
+    def mean(self, cls: str) -> float | None:
+        """The class's mean slowdown so far (1.0: as fast as at the maximum clock)."""
+        total, count = self._sum.get(cls, (0.0, 0.0))
+        return total / count if count else None
+
+
 @dataclass(slots=True)
 class DemoView:
     """Consumes the row's messages; renders the live view and the closing summary."""
@@ -144,6 +184,7 @@ class DemoView:
     uncapped_w: float | None = None
     uncapped_peak_w: float = 0.0
     clock_mhz: dict[str, list[float]] = field(default_factory=dict)  # class -> [sum, count]
+    latency: LatencyCost | None = None  # the row's busy GPUs, by class
     started_wall_s: float = field(default_factory=time.time)
     # (s since start, row power W, level, level name), one per row summary
     row_record: deque[tuple[float, float, int, str]] = field(
@@ -175,6 +216,8 @@ class DemoView:
                     acc = self.clock_mhz.setdefault(g.priority_class, [0.0, 0.0])
                     acc[0] += g.sm_clock_mhz
                     acc[1] += 1
+                if self.latency is not None and g.priority_class is not None:
+                    self.latency.add(g.priority_class, g.sm_clock_mhz, g.gpu_util_pct)
             if hot is not None and hot.gpu_temp_c is not None:
                 self.hottest[payload.node] = (
                     hot.gpu_temp_c,
@@ -385,6 +428,18 @@ class DemoView:
                 f"clock given up     : {', '.join(given)} (time-averaged SM clock against "
                 "the same GPUs uncapped)"
             )
+        cost = []
+        for cls in sorted(self.clock_mhz):
+            capped = self.latency.mean(cls) if self.latency is not None else None
+            uncapped = cf.latency.mean(cls) if cf.latency is not None else None
+            if capped and uncapped:
+                cost.append(f"{cls} {100.0 * (capped / uncapped - 1.0):+.1f}%")
+        if cost and self.latency is not None:
+            lines.append(
+                f"latency cost       : {', '.join(cost)} (the planner's model: the same work "
+                f"at each busy GPU's clock, prefill time ~ f^-{self.latency.prefill_exponent:g}, "
+                f"decode ~ f^-{self.latency.decode_exponent:g}, half of it decoding)"
+            )
         return lines
 
 
@@ -410,10 +465,16 @@ class Counterfactual:
     utilization does not depend on the caps), read once a second on the event loop.
     """
 
-    def __init__(self, backends: list[SimulatedBackend], classes: dict[int, str]) -> None:
+    def __init__(
+        self,
+        backends: list[SimulatedBackend],
+        classes: dict[int, str],
+        latency: LatencyCost | None = None,
+    ) -> None:
         """``classes``: GPU index -> priority class (as the policy assigns them)."""
         self.backends = backends
         self.classes = classes
+        self.latency = latency
         self._clock: dict[str, list[float]] = {}
         self._gpus = [(b, [info.index for info in b.discover()]) for b in backends]
 
@@ -434,6 +495,8 @@ class Counterfactual:
                     acc = self._clock.setdefault(cls, [0.0, 0.0])
                     acc[0] += sample.sm_clock_mhz
                     acc[1] += 1
+                if cls is not None and self.latency is not None:
+                    self.latency.add(cls, sample.sm_clock_mhz, sample.gpu_util_pct)
         return total, by_class
 
     def mean_clock_mhz(self, cls: str) -> float | None:
@@ -572,9 +635,11 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
         aggregator = Aggregator(aggregator_settings, sinks=[sink] if sink is not None else [])
         view = DemoView(options, budget_w)
         policy = load_policy(options.policy).policy
+        view.latency = LatencyCost(options.model)
         view.counterfactual = Counterfactual(
             shadows,
             {i: policy.static_class(index=i, uuid="") for i in range(options.gpus_per_node)},
+            LatencyCost(options.model),
         )
         plants = [
             SimulatedCdu(

@@ -118,3 +118,17 @@ def test_the_simulated_backend_runs_without_numpy() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], check=False, timeout=60)
     assert result.returncode == 0
+
+
+def test_work_slowdown_mixes_prefill_and_decode_by_the_decode_share() -> None:
+    """1 at the maximum clock; compute-bound prefill slows as f^-e_p, memory-bound decode
+    as f^-e_d, mixed by the share of busy time spent decoding; floats and arrays alike."""
+    kw = {"prefill_clock_exponent": 1.0, "decode_clock_exponent": 0.2}
+    assert power.work_slowdown(1.0, decode_share=0.5, **kw) == 1.0
+    assert power.work_slowdown(0.5, decode_share=0.0, **kw) == pytest.approx(2.0)
+    assert power.work_slowdown(0.5, decode_share=1.0, **kw) == pytest.approx(0.5**-0.2)
+    mixed = power.work_slowdown(0.5, decode_share=0.5, **kw)
+    assert mixed == pytest.approx(0.5 * 2.0 + 0.5 * 0.5**-0.2)
+    clocks = np.array([1.0, 0.9, 0.79, 0.5])
+    slowdowns = power.work_slowdown(clocks, decode_share=0.5, **kw)
+    assert np.all(np.diff(slowdowns) > 0)  # a lower clock is always slower

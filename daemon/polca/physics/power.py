@@ -56,6 +56,22 @@ def dynamic_scale(clock_frac: FloatT, *, mem_share: float, clock_power_exponent:
     return mem_share + (1.0 - mem_share) * sm_scale
 
 
+def work_slowdown(
+    clock_frac: FloatT,
+    *,
+    decode_share: float,
+    prefill_clock_exponent: float,
+    decode_clock_exponent: float,
+) -> FloatT:
+    """How much longer the same inference work takes at ``clock_frac`` of the maximum SM
+    clock: prefill (compute-bound) time scales as ``f ** -prefill_clock_exponent``, decode
+    (memory-bound) as ``f ** -decode_clock_exponent``, mixed by the share of busy time
+    spent decoding. 1 at the maximum clock."""
+    prefill: FloatT = clock_frac**-prefill_clock_exponent
+    decode: FloatT = clock_frac**-decode_clock_exponent
+    return (1.0 - decode_share) * prefill + decode_share * decode
+
+
 def power_w(
     base_w: float,
     dynamic_w: FloatT,
@@ -88,4 +104,10 @@ def clock_frac_for_sm_scale(sm_scale: FloatT, *, clock_power_exponent: float) ->
     return clock_frac
 
 
-__all__ = ["clock_frac_for_sm_scale", "dynamic_scale", "power_w", "sm_scale_for_limit"]
+__all__ = [
+    "clock_frac_for_sm_scale",
+    "dynamic_scale",
+    "power_w",
+    "sm_scale_for_limit",
+    "work_slowdown",
+]

@@ -438,7 +438,9 @@ def replay(  # noqa: PLR0915 - the replay loop keeps its state in locals, as the
             )
         f = max(f, min_frac)
         p = resident + dyn * power.dynamic_scale(f, mem_share=m_mix, clock_power_exponent=alpha)
-        slow = (1 - decode_share) * f**-e_p + decode_share * f**-e_d
+        slow = power.work_slowdown(
+            f, decode_share=decode_share, prefill_clock_exponent=e_p, decode_clock_exponent=e_d
+        )
         return p, slow
 
     period = max(1, round(control.telemetry_period_s / dt))
