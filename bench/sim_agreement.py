@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, record: Path) -> dict[str, Any]:
     started = time.monotonic()
     summary = "(a kept record, --again)" if args.again else _demo(args, record)
     policy = load_policy(DEMO_POLICY).policy
-    budget_w = options.budget_fraction * options.nameplate_w()
+    budget_w = options.row_budget_w()
     result = agreement(
         record,
         policy=policy,

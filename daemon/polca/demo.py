@@ -116,6 +116,10 @@ class DemoOptions:
             for n in range(self.nodes_per_rack)
         ]
 
+    def row_budget_w(self) -> float:
+        """The row's budget: ``budget_w``, else ``budget_fraction`` of the nameplate."""
+        return self.budget_w or self.budget_fraction * self.nameplate_w()
+
     def nameplate_w(self) -> float:
         """The row's nameplate: every GPU at its default limit plus non-GPU power."""
         gpu_w = get_model(self.model).tdp_mw / 1000.0
@@ -126,11 +130,11 @@ DECODE_SHARE: Final = 0.5
 """Share of a busy GPU's time spent decoding, as the planner's ``--decode-share`` default."""
 
 
-class LatencyCost:
-    """The work slowdown of each class's busy GPUs at the clocks they ran, averaged over
-    samples: the planner's clock -> latency relation (``physics.power.work_slowdown``,
-    with the profile's exponents for the demo's GPU model), so that the demo's latency
-    cost per class is the planner's model of it."""
+class ClassClocks:
+    """Per priority class, over GPU samples: the mean SM clock, and the mean work slowdown
+    of the busy GPUs at the clocks they ran, by the planner's clock -> latency relation
+    (``physics.power.work_slowdown``, with the profile's exponents for the demo's GPU
+    model), so that the demo's latency cost per class is the planner's model of it."""
 
     def __init__(self, model: str) -> None:
         from polca.sim.profile import shipped_profile  # noqa: PLC0415 - no numpy needed
@@ -139,11 +143,15 @@ class LatencyCost:
         self.prefill_exponent = float(gpu["prefill_clock_exponent"])
         self.decode_exponent = float(gpu["decode_clock_exponent"])
         self.max_clock_mhz = get_model(model).sm_clock_max_mhz
-        self._sum: dict[str, list[float]] = {}  # class -> [slowdown sum, samples]
+        self._clock: dict[str, list[float]] = {}  # class -> [MHz sum, samples]
+        self._slowdown: dict[str, list[float]] = {}  # class -> [slowdown sum, busy samples]
 
     def add(self, cls: str, sm_clock_mhz: int | None, util_pct: float | None) -> None:
-        """One GPU sample; idle GPUs (no utilization) carry no work and are left out."""
-        if sm_clock_mhz is None or not sm_clock_mhz > 0 or not (util_pct or 0.0) > 0.0:
+        """One GPU sample; idle GPUs (no utilization) carry no work, so no slowdown."""
+        if sm_clock_mhz is None:
+            return
+        _accumulate(self._clock, cls, sm_clock_mhz)
+        if not sm_clock_mhz > 0 or not (util_pct or 0.0) > 0.0:
             return
         slow = power.work_slowdown(
             min(1.0, sm_clock_mhz / self.max_clock_mhz),
@@ -151,14 +159,30 @@ class LatencyCost:
             prefill_clock_exponent=self.prefill_exponent,
             decode_clock_exponent=self.decode_exponent,
         )
-        acc = self._sum.setdefault(cls, [0.0, 0.0])
-        acc[0] += slow
-        acc[1] += 1
+        _accumulate(self._slowdown, cls, slow)
 
-    def mean(self, cls: str) -> float | None:
+    def classes(self) -> list[str]:
+        """The classes seen so far, sorted."""
+        return sorted(self._clock)
+
+    def mean_clock_mhz(self, cls: str) -> float | None:
+        """The class's time-averaged SM clock so far."""
+        return _mean(self._clock, cls)
+
+    def mean_slowdown(self, cls: str) -> float | None:
         """The class's mean slowdown so far (1.0: as fast as at the maximum clock)."""
-        total, count = self._sum.get(cls, (0.0, 0.0))
-        return total / count if count else None
+        return _mean(self._slowdown, cls)
+
+
+def _accumulate(sums: dict[str, list[float]], cls: str, value: float) -> None:
+    acc = sums.setdefault(cls, [0.0, 0.0])
+    acc[0] += value
+    acc[1] += 1
+
+
+def _mean(sums: dict[str, list[float]], cls: str) -> float | None:
+    total, count = sums.get(cls, (0.0, 0.0))
+    return total / count if count else None
 
 
 @dataclass(slots=True)
@@ -183,8 +207,7 @@ class DemoView:
     counterfactual: Counterfactual | None = None
     uncapped_w: float | None = None
     uncapped_peak_w: float = 0.0
-    clock_mhz: dict[str, list[float]] = field(default_factory=dict)  # class -> [sum, count]
-    latency: LatencyCost | None = None  # the row's busy GPUs, by class
+    clocks: ClassClocks | None = None  # the row's GPUs, by class
     started_wall_s: float = field(default_factory=time.time)
     # (s since start, row power W, level, level name), one per row summary
     row_record: deque[tuple[float, float, int, str]] = field(
@@ -212,12 +235,8 @@ class DemoView:
                 default=None,
             )
             for g in payload.gpus:
-                if g.sm_clock_mhz is not None and g.priority_class is not None:
-                    acc = self.clock_mhz.setdefault(g.priority_class, [0.0, 0.0])
-                    acc[0] += g.sm_clock_mhz
-                    acc[1] += 1
-                if self.latency is not None and g.priority_class is not None:
-                    self.latency.add(g.priority_class, g.sm_clock_mhz, g.gpu_util_pct)
+                if self.clocks is not None and g.priority_class is not None:
+                    self.clocks.add(g.priority_class, g.sm_clock_mhz, g.gpu_util_pct)
             if hot is not None and hot.gpu_temp_c is not None:
                 self.hottest[payload.node] = (
                     hot.gpu_temp_c,
@@ -409,7 +428,7 @@ class DemoView:
     def _what_polca_buys(self) -> list[str]:
         """Extra servers and the clock given up for them, from the counterfactual."""
         cf = self.counterfactual
-        if cf is None or not self.uncapped_peak_w:
+        if cf is None or not self.uncapped_peak_w or self.clocks is None:
             return []
         nodes = len(self.options.nodes)
         fits = int(self.budget_w // (self.uncapped_peak_w / nodes))
@@ -418,27 +437,24 @@ class DemoView:
             f"uncapped peak: {100.0 * (nodes / max(fits, 1) - 1.0):+.0f}% with "
             f"{self.brake_events} brake events"
         ]
-        given = []
-        for cls, (total, count) in sorted(self.clock_mhz.items()):
-            base = cf.mean_clock_mhz(cls)
-            if count and base:
-                given.append(f"{cls} {100.0 * (total / count / base - 1.0):+.1f}%")
+        given, cost = [], []
+        for cls in self.clocks.classes():
+            clock, base = self.clocks.mean_clock_mhz(cls), cf.clocks.mean_clock_mhz(cls)
+            if clock and base:
+                given.append(f"{cls} {100.0 * (clock / base - 1.0):+.1f}%")
+            capped, uncapped = self.clocks.mean_slowdown(cls), cf.clocks.mean_slowdown(cls)
+            if capped and uncapped:
+                cost.append(f"{cls} {100.0 * (capped / uncapped - 1.0):+.1f}%")
         if given:
             lines.append(
                 f"clock given up     : {', '.join(given)} (time-averaged SM clock against "
                 "the same GPUs uncapped)"
             )
-        cost = []
-        for cls in sorted(self.clock_mhz):
-            capped = self.latency.mean(cls) if self.latency is not None else None
-            uncapped = cf.latency.mean(cls) if cf.latency is not None else None
-            if capped and uncapped:
-                cost.append(f"{cls} {100.0 * (capped / uncapped - 1.0):+.1f}%")
-        if cost and self.latency is not None:
+        if cost:
             lines.append(
                 f"latency cost       : {', '.join(cost)} (the planner's model: the same work "
-                f"at each busy GPU's clock, prefill time ~ f^-{self.latency.prefill_exponent:g}, "
-                f"decode ~ f^-{self.latency.decode_exponent:g}, half of it decoding)"
+                f"at each busy GPU's clock, prefill time ~ f^-{self.clocks.prefill_exponent:g}, "
+                f"decode ~ f^-{self.clocks.decode_exponent:g}, half of it decoding)"
             )
         return lines
 
@@ -469,13 +485,12 @@ class Counterfactual:
         self,
         backends: list[SimulatedBackend],
         classes: dict[int, str],
-        latency: LatencyCost | None = None,
+        clocks: ClassClocks,
     ) -> None:
         """``classes``: GPU index -> priority class (as the policy assigns them)."""
         self.backends = backends
         self.classes = classes
-        self.latency = latency
-        self._clock: dict[str, list[float]] = {}
+        self.clocks = clocks
         self._gpus = [(b, [info.index for info in b.discover()]) for b in backends]
 
     def sample(self) -> tuple[float, dict[str, float]]:
@@ -491,18 +506,8 @@ class Counterfactual:
                 cls = self.classes.get(index)
                 if cls is not None:
                     by_class[cls] = by_class.get(cls, 0.0) + power_w
-                if cls is not None and sample.sm_clock_mhz is not None:
-                    acc = self._clock.setdefault(cls, [0.0, 0.0])
-                    acc[0] += sample.sm_clock_mhz
-                    acc[1] += 1
-                if cls is not None and self.latency is not None:
-                    self.latency.add(cls, sample.sm_clock_mhz, sample.gpu_util_pct)
+                    self.clocks.add(cls, sample.sm_clock_mhz, sample.gpu_util_pct)
         return total, by_class
-
-    def mean_clock_mhz(self, cls: str) -> float | None:
-        """The class's time-averaged SM clock so far, uncapped."""
-        total, count = self._clock.get(cls, (0.0, 0.0))
-        return total / count if count else None
 
 
 async def _view(bus: MqttBus, view: DemoView, out: TextIO, *, tty: bool) -> None:
@@ -540,7 +545,7 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
     if options.duration_s is not None:
         asyncio.get_running_loop().call_later(options.duration_s, stop.set)
     nodes = options.nodes
-    budget_w = options.budget_w or options.budget_fraction * options.nameplate_w()
+    budget_w = options.row_budget_w()
     async with contextlib.AsyncExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polca-demo-")))
         if options.broker is None:
@@ -635,11 +640,11 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
         aggregator = Aggregator(aggregator_settings, sinks=[sink] if sink is not None else [])
         view = DemoView(options, budget_w)
         policy = load_policy(options.policy).policy
-        view.latency = LatencyCost(options.model)
+        view.clocks = ClassClocks(options.model)
         view.counterfactual = Counterfactual(
             shadows,
             {i: policy.static_class(index=i, uuid="") for i in range(options.gpus_per_node)},
-            LatencyCost(options.model),
+            ClassClocks(options.model),
         )
         plants = [
             SimulatedCdu(

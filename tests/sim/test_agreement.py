@@ -34,7 +34,7 @@ POLICY = load_policy(DEMO_POLICY).policy
 # The demo's own row (12 nodes, its load and budget) for its first 150 s: T1 and T2 within
 # the first minute, released after two.
 OPTIONS = DemoOptions()
-BUDGET_W = OPTIONS.budget_fraction * OPTIONS.nameplate_w()
+BUDGET_W = OPTIONS.row_budget_w()
 DURATION_S = 150
 # The shared demo run is set up inside the first test that needs it.
 pytestmark = pytest.mark.timeout(DURATION_S + 150)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any, Final
 from polca.errors import SimConfigError
 from polca.physics.presets import GpuModel, get_model
 from polca.policy import Policy
-from polca.sim.history import load_history_csv, replay
+from polca.sim.history import level_summary, load_history_csv, replay
 from polca.sim.model import SIM_GPUS, ControlConfig, ServerPreset, SimGpu
 
 MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
@@ -128,17 +127,11 @@ def observed(
     if not window:
         msg = f"{row_csv}: no row summary within the replayed window"
         raise SimConfigError(msg)
-    levels = [min(all_levels[i], policy.top_level) for i in window]
     peak_w = max(powers[i] for i in window)
-    counts = [levels.count(i) for i in range(policy.top_level + 1)]
-    episodes = sum(1 for a, b in itertools.pairwise(levels) if a == 0 and b > 0)
     return {
-        "time_at_level_pct": {
-            policy.level_name(i): 100.0 * c / len(levels) for i, c in enumerate(counts)
-        },
-        "capping_events": episodes,
+        **level_summary([all_levels[i] for i in window], policy),
         "peak_pct": 100.0 * peak_w / budget_w,
-        "summaries": len(levels),
+        "summaries": len(window),
     }
 
 
@@ -185,7 +178,7 @@ def agreement(
     """Replay a recorded demo run's uncapped load and compare it with what the row did."""
     tolerances = tolerances or Tolerances()
     history = load_history_csv(record_dir / "uncapped.csv", step_s=1.0)
-    t0 = _first_timestamp(record_dir / "uncapped.csv")
+    t0 = history.start_s
     gpu = daemons_gpu(get_model(model))
     first = policy.classes[0]
     hp_gpus = sum(policy.static_class(index=i, uuid="") == first for i in range(gpus_per_server))
@@ -225,22 +218,6 @@ def agreement(
         "tolerances": dataclasses.asdict(tolerances),
         **compare(daemons, simulated, tolerances),
     }
-
-
-def _first_timestamp(path: Path) -> float:
-    """The first reading's time (``load_history_csv`` has checked the file already)."""
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        next(reader, None)
-        first = next(reader, None)
-    if not first:
-        msg = f"{path}: no readings"
-        raise SimConfigError(msg)
-    try:
-        return float(first[0])
-    except ValueError as exc:
-        msg = f"{path}:2: {exc}"
-        raise SimConfigError(msg) from exc
 
 
 __all__ = [

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 import polca.policy as policy_api
 from polca.errors import SimConfigError, TraceError
@@ -77,6 +78,7 @@ class PowerHistory:
     power_w: FloatArray
     hp_power_w: FloatArray | None = None
     lp_power_w: FloatArray | None = None
+    start_s: float = 0.0  # Unix seconds of the first step (0 when not recorded)
 
     @property
     def duration_s(self) -> float:
@@ -126,6 +128,7 @@ def resample(
         power_w=out["power_w"],
         hp_power_w=out.get("hp_power_w"),
         lp_power_w=out.get("lp_power_w"),
+        start_s=float(t_s[0]),
     )
 
 
@@ -317,7 +320,25 @@ def load_history_influx(
         power_w=history.power_w,
         hp_power_w=by_class[classes[0]],
         lp_power_w=by_class[classes[1]],
+        start_s=history.start_s,
     )
+
+
+def level_summary(levels: npt.ArrayLike, policy: Policy | None) -> dict[str, Any]:
+    """Time at each level (% of the steps, by level name) and capping episodes (entries
+    from nominal into any level) of one row's level per step."""
+    series = np.asarray(levels, dtype=np.int64)
+    top = len(policy.levels) if policy is not None else 0
+    counts = np.bincount(np.minimum(series, top), minlength=top + 1)
+    return {
+        "time_at_level_pct": {
+            (policy.level_name(i) if policy is not None else "nominal"): (
+                100.0 * float(c) / len(series)
+            )
+            for i, c in enumerate(counts)
+        },
+        "capping_events": int(np.count_nonzero((series[1:] > 0) & (series[:-1] == 0))),
+    }
 
 
 def _weighted_quantile(values: FloatArray, weights: FloatArray, q: float) -> float:
@@ -514,17 +535,14 @@ def replay(  # noqa: PLR0915 - the replay loop keeps its state in locals, as the
         loss = lost / total_work if total_work > 0 else 0.0
         out[f"{name}_throughput_loss_pct"] = 100.0 * loss
     levels_kept = level_of[keep]
-    counts = np.bincount(levels_kept, minlength=levels)
-    out["time_at_level_pct"] = {
-        (policy.level_name(i) if policy is not None else "nominal"): 100.0 * float(c) / keep.sum()
-        for i, c in enumerate(counts)
-    }
+    summary = level_summary(levels_kept, policy)
+    out["time_at_level_pct"] = summary["time_at_level_pct"]
     out.update(
         brake_events=float(brakes),
         peak_pct=100.0 * float(row_w[keep].max()) / budget_w,
         uncapped_peak_pct=100.0 * float(uncapped_w[keep].max()) / budget_w,
         capped_time_pct=100.0 * float(np.mean(levels_kept > 0)),
-        capping_events=int(np.count_nonzero((levels_kept[1:] > 0) & (levels_kept[:-1] == 0))),
+        capping_events=summary["capping_events"],
     )
     if series:
         out["series"] = {
@@ -598,6 +616,7 @@ def plan_history(
 
 __all__ = [
     "PowerHistory",
+    "level_summary",
     "load_history_csv",
     "load_history_influx",
     "plan_history",
