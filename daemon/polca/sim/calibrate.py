@@ -107,9 +107,7 @@ def calibrated_profile(
     """The text of ``base`` with the fitted fields replaced; ``where`` (GPU and date) goes
     into each fitted field's source."""
     gpu, server = base.values()
-    sources = {key: getattr(base.gpu, key).source for key in gpu} | {
-        key: getattr(base.server, key).source for key in server
-    }
+    sources = base.sources()
     max_mhz = float(gpu["sm_clock_max_mhz"])
     resident = float(resident_w) if resident_w is not None else float(gpu["resident_power_w"])
     if resident_w is not None:

@@ -18,6 +18,9 @@ import matplotlib.pyplot as plt  # the backend is chosen first
 import numpy as np
 from matplotlib.figure import Figure
 
+from polca.physics import power
+from polca.sim import published
+from polca.sim.model import SimGpu
 from polca.sim.runner import RunResult
 from polca.sim.workload import HP, LP
 
@@ -186,9 +189,6 @@ def frontier_figure(plan: dict[str, Any]) -> Figure:
     return fig
 
 
-__all__ = ["frontier_figure", "frontier_plot", "latency_figure", "latency_plot", "power_plot"]
-
-
 def agreement_plot(
     path: Path,
     daemons: tuple[list[float], list[float], list[int]],
@@ -225,3 +225,87 @@ def agreement_plot(
     fig.tight_layout()
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
+
+
+def published_plot(
+    path: Path, fits: list[tuple[SimGpu, SimGpu, tuple[published.Point, ...]]]
+) -> None:
+    """The shipped and the re-fitted model of each GPU against the published points that
+    name it (``polca.sim.published``): time against the SM clock, decode time against a
+    power limit, decode power against the batch. ``fits``: (shipped, fitted, points)."""
+    kinds = ("clock_latency", "decode_limit_latency", "decode_power")
+    present = [k for k in kinds if any(p.kind == k for _, _, pts in fits for p in pts)]
+    fig, axes = plt.subplots(1, len(present), figsize=(4.0 * len(present), 3.6), squeeze=False)
+    for ax, kind in zip(axes[0], present, strict=True):
+        for index, (shipped, fitted, points) in enumerate(fits):
+            mine = [p for p in points if p.kind == kind]
+            if not mine:
+                continue
+            colour = f"C{index}"
+            for gpu, style, label in ((shipped, "--", "shipped"), (fitted, "-", "re-fitted")):
+                x, y = _published_curve(gpu, mine[0])
+                ax.plot(x, y, linestyle=style, color=colour, linewidth=1.0,
+                        label=f"{shipped.name} {label}")  # fmt: skip
+            for p in mine:
+                _published_mark(ax, p, colour)
+        ax.set_title(_PUBLISHED_TITLES[kind], fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+
+
+_PUBLISHED_TITLES = {
+    "clock_latency": "time at a locked SM clock / at max (half decode)",
+    "decode_limit_latency": "decode time per token under a power limit / uncapped",
+    "decode_power": "decode power at max clock (W) against the batch",
+}
+
+
+def _published_curve(gpu: SimGpu, point: published.Point) -> tuple[Any, Any]:
+    if isinstance(point, published.ClockLatency):
+        mhz = np.linspace(0.5 * gpu.sm_clock_max_mhz, gpu.sm_clock_max_mhz, 60)
+        frac = mhz / gpu.sm_clock_max_mhz
+        slow = power.work_slowdown(
+            frac,
+            decode_share=point.decode_share,
+            prefill_clock_exponent=gpu.prefill_clock_exponent,
+            decode_clock_exponent=gpu.decode_clock_exponent,
+        )
+        return mhz, slow
+    if isinstance(point, published.DecodeLimitLatency):
+        limits = np.linspace(0.3 * gpu.tdp_w, gpu.tdp_w, 60)
+        per_token = [
+            published.decode_slowdown_at_limit(gpu, batch=point.batch, limit_w=float(w))
+            for w in limits
+        ]
+        return limits, np.asarray(per_token)
+    batches = np.arange(1.0, 129.0)
+    return batches, gpu.decode_frac(batches) * gpu.tdp_w
+
+
+def _published_mark(ax: Any, point: published.Point, colour: str) -> None:
+    if isinstance(point, published.ClockLatency):
+        x, lo, hi = point.sm_clock_mhz, point.low, point.high
+    elif isinstance(point, published.DecodeLimitLatency):
+        x, lo, hi = point.power_limit_w, point.low, point.high
+    elif isinstance(point, published.DecodePower):
+        ax.fill_between([point.batch_low, point.batch_high], point.low_w, point.high_w,
+                        color=colour, alpha=0.15, label=point.id)  # fmt: skip
+        return
+    else:
+        return
+    ax.errorbar([x], [(lo + hi) / 2], yerr=[[(hi - lo) / 2], [(hi - lo) / 2]], fmt="o",
+                color=colour, markersize=3, capsize=3, label=point.id)  # fmt: skip
+
+
+__all__ = [
+    "agreement_plot",
+    "frontier_figure",
+    "frontier_plot",
+    "latency_figure",
+    "latency_plot",
+    "power_plot",
+    "published_plot",
+]

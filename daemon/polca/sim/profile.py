@@ -19,13 +19,14 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from polca import yamlkit
 from polca.errors import SimConfigError
 
+ModelT = TypeVar("ModelT", bound=BaseModel)
 PROFILE_LIMITS: Final = yamlkit.YamlLimits(max_bytes=64 * 1024, max_depth=8, max_aliases=0)
 """A profile is a few dozen lines."""
 
@@ -167,32 +168,47 @@ class SimProfile(BaseModel):
         server = {name: getattr(self.server, name).value for name in ServerProfile.model_fields}
         return gpu, server
 
+    def sources(self) -> dict[str, str]:
+        """Each constant's source, by field name (GPU and server fields alike)."""
+        gpu = {name: getattr(self.gpu, name).source for name in GpuProfile.model_fields}
+        server = {name: getattr(self.server, name).source for name in ServerProfile.model_fields}
+        return gpu | server
 
-def parse_profile(text: str, *, source: str) -> SimProfile:
-    """Validate profile YAML; ``source`` names it in the error (``SimConfigError``)."""
+
+def parse_model(
+    model: type[ModelT], text: str, *, what: str, source: str, limits: yamlkit.YamlLimits
+) -> ModelT:
+    """Bounded YAML ``text`` validated as ``model``; errors are ``SimConfigError`` naming
+    ``what`` (``profile``, ``published points``) and ``source``."""
     try:
-        data = yamlkit.parse(text, source=source, limits=PROFILE_LIMITS).data
+        data = yamlkit.parse(text, source=source, limits=limits).data
     except yamlkit.YamlError as exc:
-        msg = f"cannot read profile {exc}"
+        msg = f"cannot read {what} {exc}"
         raise SimConfigError(msg) from exc
-    return _validated(data, source=source)
+    return validated(model, data, what=what, source=source)
 
 
-def _validated(data: object, *, source: str) -> SimProfile:
+def validated(model: type[ModelT], data: object, *, what: str, source: str) -> ModelT:
+    """``data`` (parsed YAML) as ``model``; every problem with its field in the error."""
     try:
-        return SimProfile.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
         )
-        msg = f"profile {source} is invalid: {problems}"
+        msg = f"{what} {source} {'are' if what.endswith('s') else 'is'} invalid: {problems}"
         raise SimConfigError(msg) from exc
+
+
+def parse_profile(text: str, *, source: str) -> SimProfile:
+    """Validate profile YAML; ``source`` names it in the error (``SimConfigError``)."""
+    return parse_model(SimProfile, text, what="profile", source=source, limits=PROFILE_LIMITS)
 
 
 def load_profile_file(path: Path) -> SimProfile:
     """Read and validate the profile at ``path``."""
     data = yamlkit.load_file(path, what="profile", error=SimConfigError, limits=PROFILE_LIMITS)
-    return _validated(data, source=str(path))
+    return validated(SimProfile, data, what="profile", source=str(path))
 
 
 def shipped_profile_names() -> tuple[str, ...]:
