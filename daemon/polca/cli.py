@@ -65,10 +65,25 @@ def _parser() -> argparse.ArgumentParser:
         "--budget-w",
         type=float,
         default=None,
-        help="row budget (default: 75%% of the row's nameplate)",
+        help="row budget (default: 77.5%% of the row's nameplate, the smallest the planner "
+        "signs for the default load and policy: bench/demo_plan.py)",
     )
     demo.add_argument("--speedup", type=float, default=2.0, help="trace time compression")
     demo.add_argument("--scale", type=float, default=16.0, help="trace load multiplier")
+    demo.add_argument(
+        "--offset-s",
+        type=float,
+        default=756.0,
+        help="trace seconds skipped at the start (the largest burst of a lap comes about a "
+        "minute into the run)",
+    )
+    demo.add_argument(
+        "--tenants",
+        type=int,
+        default=4,
+        help="services sharing the row, each the trace at its own phase (1: the whole row "
+        "follows the trace's bursts)",
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument(
         "--incident-at",
@@ -441,6 +456,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         budget_w=args.budget_w,
         speedup=args.speedup,
         scale=args.scale,
+        tenants=args.tenants,
+        offset_s=args.offset_s,
         seed=args.seed,
         policy=args.policy or DEMO_POLICY,
         duration_s=args.duration,

@@ -2,11 +2,14 @@
 
 One process runs an embedded MQTT broker (or uses ``--broker``), the aggregator, and a row
 of simulated nodes (racks of 8-GPU nodes) serving LLM-inference load replayed from the
-bundled Azure request trace. The row's budget is set below what the load can draw, so the
-POLCA controller really reaches T1 and T2. A live view shows row power against the budget
-and thresholds, the level, per-rack power and the hottest GPUs; ``--influx URL`` also writes
-everything to InfluxDB; ``--duration`` bounds the run, which ends with a summary: time at
-each level, brake events, capping events and peak row power as % of budget. Beside the row,
+bundled Azure request trace by several services (``tenants``) at their own phases. The
+row's budget is the smallest the planner signs for this load and policy (``polca plan
+--history`` on ``uncapped_load``, ``bench/demo_plan.py``): below what the load can draw at
+its bursts, so the controller really caps, within POLCA's SLOs. A live view shows row
+power against the budget and thresholds, the level, per-rack power and the hottest GPUs;
+``--influx URL`` also writes everything to InfluxDB; ``--duration`` bounds the run, which
+ends with a summary: time at each level, brake events, capping events and peak row power
+as % of budget. Beside the row,
 ``Counterfactual`` runs the same GPUs under the same load uncapped (the replay's load does
 not depend on the caps), so the view and the summary show what polca buys: the uncapped
 peak, the servers the budget would hold at it, and the clock each class gave up.
@@ -92,10 +95,11 @@ class DemoOptions:
     gpus_per_node: int = 8
     model: str = "H100-SXM"
     budget_w: float | None = None  # default: budget_fraction of the row's nameplate
-    budget_fraction: float = 0.75
+    budget_fraction: float = 0.775  # the smallest the planner signs for this load (§6)
     speedup: float = 2.0
     scale: float = 16.0
-    offset_s: float = 180.0  # skip the trace's quiet first minutes
+    tenants: int = 4  # services at independent phases of the trace, nodes dealt in turn
+    offset_s: float = 756.0  # trace seconds skipped: the largest burst of a lap comes ~1 min in
     seed: int = 0
     policy: Path = DEMO_POLICY
     duration_s: float | None = None
@@ -199,6 +203,7 @@ class DemoView:
     level_changes: deque[str] = field(default_factory=lambda: deque(maxlen=6))
     hottest: dict[str, tuple[float, int, int | None, str | None]] = field(default_factory=dict)
     started_s: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic  # what started_s and the record's times read
     last_level: int = 0
     loops: dict[str, CoolingLoopState] = field(default_factory=dict)
     cooling_events: deque[str] = field(default_factory=lambda: deque(maxlen=8))
@@ -291,7 +296,7 @@ class DemoView:
         self._uncapped_class_sum = {}
 
     def _since_start_s(self) -> float:
-        return time.monotonic() - self.started_s
+        return self.clock() - self.started_s
 
     def _on_summary(self, summary: RowSummary) -> None:
         self.summary = summary
@@ -326,15 +331,21 @@ class DemoView:
             writer.writerow(["timestamp", "power_w", "level", "level_name"])
             for t_s, power_w, level, name in self.row_record:
                 writer.writerow([f"{t0 + t_s:.3f}", f"{power_w:.1f}", level, name])
+        self.write_uncapped(uncapped_path, classes)
+        return [row_path, uncapped_path]
+
+    def write_uncapped(self, path: Path, classes: tuple[str, ...]) -> None:
+        """``uncapped.csv`` alone (``write_record``): timestamp, the counterfactual's row
+        power, its GPU power of the first class and of the others."""
+        t0 = self.started_wall_s
         first = classes[0] if classes else None
-        with uncapped_path.open("w", newline="") as f:
+        with path.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["timestamp", "power_w", "hp_power_w", "lp_power_w"])
             for t_s, total_w, by_class in self.uncapped_record:
                 hp_w = by_class.get(first, 0.0) if first is not None else 0.0
                 lp_w = sum(w for c, w in by_class.items() if c != first)
                 writer.writerow([f"{t0 + t_s:.3f}", f"{total_w:.1f}", f"{hp_w:.1f}", f"{lp_w:.1f}"])
-        return [row_path, uncapped_path]
 
     def render(self) -> str:
         """The live view as text."""
@@ -459,19 +470,85 @@ class DemoView:
         return lines
 
 
-def _node_gpus(options: DemoOptions, number: int, replay: TraceReplay) -> SimulatedBackend:
-    """Node ``number``'s simulated GPUs, each serving its share of the replayed trace."""
+def tenant_replays(options: DemoOptions, trace: Trace) -> list[tuple[TraceReplay, int]]:
+    """Per node of the row: the replay of its tenant and its place among the tenant's nodes.
+
+    The row serves ``tenants`` services, each the bundled trace started at its own phase
+    (spread evenly over one lap of the trace) with its own seed, its share of ``scale`` and
+    its nodes dealt in turn (node ``n`` serves tenant ``n % tenants``), so that every rack
+    carries every tenant. One tenant makes the row follow the trace's minute-scale bursts;
+    several at independent phases smooth the row as services sharing a real row do
+    (docs/evaluation.md §6). More tenants than nodes make one per node.
+    """
+    nodes = len(options.nodes)
+    if options.tenants < 1:
+        msg = f"tenants must be at least 1, got {options.tenants}"
+        raise ValueError(msg)
+    tenants = min(options.tenants, nodes)  # more tenants than nodes: one per node
+    members = [[n for n in range(nodes) if n % tenants == k] for k in range(tenants)]
+    placed: dict[int, tuple[TraceReplay, int]] = {}
+    for k, group in enumerate(members):
+        replay = TraceReplay(
+            trace,
+            gpus=len(group) * options.gpus_per_node,
+            speedup=options.speedup,
+            scale=options.scale * len(group) / nodes,
+            offset_s=options.offset_s + k * trace.duration_s / tenants,
+            seed=options.seed * 100 + k,
+            serving=options.model,
+        )
+        for local, node in enumerate(group):
+            placed[node] = (replay, local)
+    return [placed[n] for n in range(nodes)]
+
+
+def _node_gpus(
+    options: DemoOptions,
+    number: int,
+    replay: tuple[TraceReplay, int],
+    clock: Callable[[], float] | None = None,
+) -> SimulatedBackend:
+    """Node ``number``'s simulated GPUs, each serving its share of its tenant's replay."""
     backend = SimulatedBackend(
         count=options.gpus_per_node,
         model=options.model,
         load="idle",
         seed=options.seed * 1000 + number,
+        clock=clock,
     )
+    tenant, local = replay
     for index, profile in enumerate(
-        trace_loads(options.gpus_per_node, node_offset=number, replay=replay)
+        trace_loads(options.gpus_per_node, node_offset=local, replay=tenant)
     ):
         backend.set_load(index, profile)
     return backend
+
+
+def uncapped_load(options: DemoOptions, duration_s: float) -> DemoView:
+    """The demo row's uncapped load over ``duration_s`` without the daemons: the run's
+    counterfactual (the same GPUs and replays) on a simulated clock, sampled at the agents'
+    interval and recorded as 1 s means in a ``DemoView`` (``uncapped_record``,
+    ``write_uncapped``). What ``polca plan --history`` takes to sign the demo's budget and
+    policy (``bench/demo_plan.py``, ``tests/test_demo.py``)."""
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    replays = tenant_replays(options, Trace.load())
+    backends = [_node_gpus(options, n, replays[n], clock) for n in range(len(options.nodes))]
+    policy = load_policy(options.policy).policy
+    classes = {i: policy.static_class(index=i, uuid="") for i in range(options.gpus_per_node)}
+    view = DemoView(options, options.row_budget_w(), clock=clock, started_s=0.0)
+    view.counterfactual = Counterfactual(backends, classes, ClassClocks(options.model))
+    per_s = max(1, round(1.0 / options.sample_interval_s))
+    for second in range(int(duration_s)):
+        for k in range(per_s):
+            now[0] = second + k / per_s
+            view.sample_counterfactual()
+        now[0] = second + 1.0
+        view.tick()
+    return view
 
 
 class Counterfactual:
@@ -558,20 +635,12 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
             host, port = options.broker
         mqtt = MqttSettings(host=host, port=port, reconnect_min_s=0.2)
         quiet = LoggingSettings(level="warning")
-        replay = TraceReplay(
-            Trace.load(),
-            gpus=len(nodes) * options.gpus_per_node,
-            speedup=options.speedup,
-            scale=options.scale,
-            offset_s=options.offset_s,
-            seed=options.seed,
-            serving=options.model,
-        )
+        replays = tenant_replays(options, Trace.load())
         agents = []
         shadows = []
         for number, (rack, node) in enumerate(nodes):
-            shadows.append(_node_gpus(options, number, replay))  # never capped
-            backend = _node_gpus(options, number, replay)
+            shadows.append(_node_gpus(options, number, replays[number]))  # never capped
+            backend = _node_gpus(options, number, replays[number])
             settings = Settings(
                 mqtt=mqtt,
                 logging=quiet,

@@ -38,7 +38,7 @@ def test_core_panels_show_a_live_demo_run(
             "--duration",
             "25",
             "--budget-w",
-            "22000",
+            "19000",
             "--influx",
             grafana_influxdb.url,
             "--influx-api",

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +222,39 @@ def agreement(
     }
 
 
+def plan_demo_row(
+    history: Path,
+    *,
+    policy_file: Path,
+    budget_w: float,
+    servers: int,
+    gpus_per_server: int,
+    model: str,
+    non_gpu_w: float,
+    out: Path,
+    oversubscription: str = "0",
+) -> dict[str, Any]:
+    """``polca plan --history`` on a demo row's uncapped load (``polca demo --record``'s
+    ``uncapped.csv``, or ``polca.demo.uncapped_load``'s): the demo's policy in-band, on the
+    daemons' GPU model, with 1 s telemetry; the plan's JSON (``plan.json``)."""
+    from polca.sim import cli  # noqa: PLC0415 - the command line imports the whole planner
+
+    argv = ["plan", "--policy", str(policy_file), "--actuation", "in-band", "--model", model]
+    argv += ["--history", str(history), "--history-step-s", "1", "--history-gpu-physics", model]
+    argv += ["--servers", str(servers), "--gpus-per-server", str(gpus_per_server)]
+    argv += ["--budget-w", str(budget_w), "--server-other-w", str(non_gpu_w)]
+    argv += ["--server-overhead", "0", "--telemetry-period-s", "1", "--telemetry-delay-s", "1"]
+    argv += ["--oversubscription", oversubscription, "--warmup", "30", "--no-plots"]
+    argv += ["--out", str(out)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = cli.main(cli.parse(argv), out=stdout, err=stderr)
+    if code != 0:
+        msg = f"polca plan --history {history} failed ({code}): {stderr.getvalue().strip()}"
+        raise SimConfigError(msg)
+    plan: dict[str, Any] = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    return plan
+
+
 __all__ = [
     "DAEMONS_CONTROL",
     "Tolerances",
@@ -227,5 +262,6 @@ __all__ = [
     "compare",
     "daemons_gpu",
     "observed",
+    "plan_demo_row",
     "read_row_record",
 ]
