@@ -120,3 +120,24 @@ def test_the_planner_signs_the_demo_default(tmp_path: Path) -> None:
     old_policy.write_text(text)
     old = point(DemoOptions(tenants=1, budget_fraction=0.75, policy=old_policy), old_policy, "old")
     assert old["violations"], old
+
+
+def test_bad_demo_options_are_usage_errors() -> None:
+    """No tenants, a negative or non-finite trace offset: argparse refuses them, naming the
+    option, before anything starts (exit 2, nothing on stdout)."""
+    for argv, message in (
+        (["--tenants", "0"], "argument --tenants: must be at least 1"),
+        (["--tenants", "two"], "argument --tenants: not a whole number"),
+        (["--offset-s", "-5"], "argument --offset-s: must be a finite number of 0 or more"),
+        (["--offset-s", "nan"], "argument --offset-s: must be a finite number of 0 or more"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "polca", "demo", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr
+        assert result.stdout == ""

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,32 @@ from polca.gpu import registry
 from polca.sim import cli as sim_cli
 
 EX_CONFIG = 78
+
+
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (an error names the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        msg = f"not a whole number: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if value < 1:
+        msg = f"must be at least 1, got {value}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _not_negative(text: str) -> float:
+    """An argparse type: a finite number of 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        msg = f"not a number: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not (value >= 0 and math.isfinite(value)):
+        msg = f"must be a finite number of 0 or more, got {text}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,14 +99,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--scale", type=float, default=16.0, help="trace load multiplier")
     demo.add_argument(
         "--offset-s",
-        type=float,
+        type=_not_negative,
         default=756.0,
         help="trace seconds skipped at the start (the largest burst of a lap comes about a "
         "minute into the run)",
     )
     demo.add_argument(
         "--tenants",
-        type=int,
+        type=_at_least_one,
         default=4,
         help="services sharing the row, each the trace at its own phase (1: the whole row "
         "follows the trace's bursts)",
