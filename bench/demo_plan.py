@@ -21,32 +21,15 @@ import dataclasses
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.benchkit import write_result  # noqa: E402
 
-from polca.demo import NON_GPU_W, DemoOptions, uncapped_load  # noqa: E402
+from polca.demo import DemoOptions, uncapped_load  # noqa: E402
 from polca.policy import load_policy  # noqa: E402
 from polca.sim.agreement import plan_demo_row  # noqa: E402
-
-
-def plan_demo(options: DemoOptions, history: Path, out: Path) -> dict[str, Any]:
-    """The planner's point for the demo's row as ``options`` sets it (0% more servers)."""
-    plan = plan_demo_row(
-        history,
-        policy_file=options.policy,
-        budget_w=options.row_budget_w(),
-        servers=len(options.nodes),
-        gpus_per_server=options.gpus_per_node,
-        model=options.model,
-        non_gpu_w=NON_GPU_W,
-        out=out,
-    )
-    point: dict[str, Any] = plan["scenarios"][0]["points"][0]
-    return point
 
 
 def main() -> int:
@@ -73,7 +56,12 @@ def main() -> int:
             view.write_uncapped(history, classes)
             for fraction in args.budget_fraction or [base.budget_fraction]:
                 options = dataclasses.replace(seeded, budget_fraction=fraction)
-                point = plan_demo(options, history, Path(work) / f"plan-{seed}-{fraction}")
+                point = plan_demo_row(
+                    history,
+                    policy_file=options.policy,
+                    row=options.planner_row(),
+                    out=Path(work) / f"plan-{seed}-{fraction}",
+                )
                 levels = point["time_at_level_pct"]
                 row = {
                     "seed": seed,

@@ -70,7 +70,7 @@ def _demo(args: argparse.Namespace, record: Path) -> str:
 
 def run(args: argparse.Namespace, record: Path) -> dict[str, Any]:
     """The demo through Mosquitto, recorded; then the replay and the comparison."""
-    from polca.demo import DEMO_POLICY, NON_GPU_W, DemoOptions
+    from polca.demo import DEMO_POLICY, DemoOptions
     from polca.policy import load_policy
     from polca.sim.agreement import agreement
 
@@ -79,16 +79,7 @@ def run(args: argparse.Namespace, record: Path) -> dict[str, Any]:
     summary = "(a kept record, --again)" if args.again else _demo(args, record)
     policy = load_policy(DEMO_POLICY).policy
     budget_w = options.row_budget_w()
-    result = agreement(
-        record,
-        policy=policy,
-        budget_w=budget_w,
-        servers=len(options.nodes),
-        gpus_per_server=options.gpus_per_node,
-        model=options.model,
-        non_gpu_w=NON_GPU_W,
-        warmup_s=args.warmup,
-    )
+    result = agreement(record, policy=policy, row=options.planner_row(), warmup_s=args.warmup)
     result.update(
         benchmark="agreement",
         duration_s=args.duration,

@@ -87,7 +87,7 @@ def test_the_planner_signs_the_demo_default(tmp_path: Path) -> None:
     events and the brake level never reached, while the load does exceed the budget (the
     row is oversubscribed); the old default (one tenant, POLCA's thresholds, 75% of
     nameplate) is refused. bench/demo_plan.py runs the same check over 30 minutes."""
-    from polca.demo import DEMO_POLICY, NON_GPU_W, DemoOptions, uncapped_load
+    from polca.demo import DEMO_POLICY, DemoOptions, uncapped_load
     from polca.policy import load_policy
     from polca.sim.agreement import plan_demo_row
 
@@ -95,18 +95,9 @@ def test_the_planner_signs_the_demo_default(tmp_path: Path) -> None:
         view = uncapped_load(options, 600)
         history = tmp_path / f"{name}.csv"
         view.write_uncapped(history, load_policy(policy).policy.classes)
-        plan = plan_demo_row(
-            history,
-            policy_file=policy,
-            budget_w=options.row_budget_w(),
-            servers=len(options.nodes),
-            gpus_per_server=options.gpus_per_node,
-            model=options.model,
-            non_gpu_w=NON_GPU_W,
-            out=tmp_path / name,
+        return plan_demo_row(
+            history, policy_file=policy, row=options.planner_row(), out=tmp_path / name
         )
-        result: dict[str, object] = plan["scenarios"][0]["points"][0]
-        return result
 
     signed = point(DemoOptions(), DEMO_POLICY, "default")
     assert signed["violations"] == [], signed

@@ -13,9 +13,9 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -26,32 +26,43 @@ from polca.gpu import registry
 from polca.sim import cli as sim_cli
 
 EX_CONFIG = 78
+NumberT = TypeVar("NumberT", int, float)
+
+
+def _checked(
+    text: str,
+    parse: Callable[[str], NumberT],
+    noun: str,
+    ok: Callable[[NumberT], bool],
+    requirement: str,
+) -> NumberT:
+    """``text`` as a number that ``ok`` accepts, else a usage error (argparse names the
+    option): "not <noun>" or "<requirement>, got <text>"."""
+    try:
+        value = parse(text)
+    except ValueError:
+        msg = f"not {noun}: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not ok(value):
+        msg = f"{requirement}, got {text}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def _at_least_one(text: str) -> int:
-    """An argparse type: a whole number of 1 or more (an error names the option)."""
-    try:
-        value = int(text)
-    except ValueError:
-        msg = f"not a whole number: {text!r}"
-        raise argparse.ArgumentTypeError(msg) from None
-    if value < 1:
-        msg = f"must be at least 1, got {value}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+    """An argparse type: a whole number of 1 or more."""
+    return _checked(text, int, "a whole number", lambda v: v >= 1, "must be at least 1")
 
 
 def _not_negative(text: str) -> float:
     """An argparse type: a finite number of 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        msg = f"not a number: {text!r}"
-        raise argparse.ArgumentTypeError(msg) from None
-    if not (value >= 0 and math.isfinite(value)):
-        msg = f"must be a finite number of 0 or more, got {text}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+    return _checked(
+        text,
+        float,
+        "a number",
+        lambda v: v >= 0 and math.isfinite(v),
+        "must be a finite number of 0 or more",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

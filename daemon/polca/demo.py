@@ -30,7 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
 import structlog
 
@@ -51,7 +51,7 @@ from polca.export.influx import make_sink
 from polca.gpu.simulated import SimulatedBackend
 from polca.physics import power
 from polca.physics.presets import get_model
-from polca.policy import PolicyStore, load_policy
+from polca.policy import Policy, PolicyStore, load_policy
 from polca.settings import (
     AgentSettings,
     GpuSettings,
@@ -74,6 +74,9 @@ from polca.telemetry.schema import (
 )
 from polca.workload.replay import TraceReplay, trace_loads
 from polca.workload.trace import Trace
+
+if TYPE_CHECKING:
+    from polca.sim.agreement import DemoRow
 
 DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "simulated-demo.yaml"
 SITE = "demo"
@@ -123,6 +126,19 @@ class DemoOptions:
     def row_budget_w(self) -> float:
         """The row's budget: ``budget_w``, else ``budget_fraction`` of the nameplate."""
         return self.budget_w or self.budget_fraction * self.nameplate_w()
+
+    def planner_row(self) -> DemoRow:
+        """The row as the simulator sees it (``polca.sim.agreement``: the agreement check
+        and ``plan_demo_row``)."""
+        from polca.sim.agreement import DemoRow  # noqa: PLC0415 - numpy: the sim extra
+
+        return DemoRow(
+            budget_w=self.row_budget_w(),
+            servers=len(self.nodes),
+            gpus_per_server=self.gpus_per_node,
+            model=self.model,
+            non_gpu_w=NON_GPU_W,
+        )
 
     def nameplate_w(self) -> float:
         """The row's nameplate: every GPU at its default limit plus non-GPU power."""
@@ -485,21 +501,21 @@ def tenant_replays(options: DemoOptions, trace: Trace) -> list[tuple[TraceReplay
         msg = f"tenants must be at least 1, got {options.tenants}"
         raise ValueError(msg)
     tenants = min(options.tenants, nodes)  # more tenants than nodes: one per node
-    members = [[n for n in range(nodes) if n % tenants == k] for k in range(tenants)]
-    placed: dict[int, tuple[TraceReplay, int]] = {}
-    for k, group in enumerate(members):
-        replay = TraceReplay(
-            trace,
-            gpus=len(group) * options.gpus_per_node,
-            speedup=options.speedup,
-            scale=options.scale * len(group) / nodes,
-            offset_s=options.offset_s + k * trace.duration_s / tenants,
-            seed=options.seed * 100 + k,
-            serving=options.model,
+    replays = []
+    for k in range(tenants):
+        share = len(range(k, nodes, tenants))  # nodes of tenant k
+        replays.append(
+            TraceReplay(
+                trace,
+                gpus=share * options.gpus_per_node,
+                speedup=options.speedup,
+                scale=options.scale * share / nodes,
+                offset_s=options.offset_s + k * trace.duration_s / tenants,
+                seed=options.seed * 100 + k,
+                serving=options.model,
+            )
         )
-        for local, node in enumerate(group):
-            placed[node] = (replay, local)
-    return [placed[n] for n in range(nodes)]
+    return [(replays[n % tenants], n // tenants) for n in range(nodes)]
 
 
 def _node_gpus(
@@ -524,6 +540,11 @@ def _node_gpus(
     return backend
 
 
+def _gpu_classes(policy: Policy, gpus_per_node: int) -> dict[int, str]:
+    """GPU index -> priority class, as the policy assigns a node's GPUs statically."""
+    return {i: policy.static_class(index=i, uuid="") for i in range(gpus_per_node)}
+
+
 def uncapped_load(options: DemoOptions, duration_s: float) -> DemoView:
     """The demo row's uncapped load over ``duration_s`` without the daemons: the run's
     counterfactual (the same GPUs and replays) on a simulated clock, sampled at the agents'
@@ -538,9 +559,10 @@ def uncapped_load(options: DemoOptions, duration_s: float) -> DemoView:
     replays = tenant_replays(options, Trace.load())
     backends = [_node_gpus(options, n, replays[n], clock) for n in range(len(options.nodes))]
     policy = load_policy(options.policy).policy
-    classes = {i: policy.static_class(index=i, uuid="") for i in range(options.gpus_per_node)}
     view = DemoView(options, options.row_budget_w(), clock=clock, started_s=0.0)
-    view.counterfactual = Counterfactual(backends, classes, ClassClocks(options.model))
+    view.counterfactual = Counterfactual(
+        backends, _gpu_classes(policy, options.gpus_per_node), ClassClocks(options.model)
+    )
     per_s = max(1, round(1.0 / options.sample_interval_s))
     for second in range(int(duration_s)):
         for k in range(per_s):
@@ -712,7 +734,7 @@ async def run_demo(  # noqa: PLR0915 - builds the whole row, one statement per p
         view.clocks = ClassClocks(options.model)
         view.counterfactual = Counterfactual(
             shadows,
-            {i: policy.static_class(index=i, uuid="") for i in range(options.gpus_per_node)},
+            _gpu_classes(policy, options.gpus_per_node),
             ClassClocks(options.model),
         )
         plants = [

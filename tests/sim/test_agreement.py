@@ -84,16 +84,7 @@ def _agreement(
         path = tmp / "policy.yaml"
         path.write_text(policy_text)
         policy = load_policy(path).policy
-    return agreement(
-        record,
-        policy=policy,
-        budget_w=BUDGET_W,
-        servers=len(OPTIONS.nodes),
-        gpus_per_server=OPTIONS.gpus_per_node,
-        model=OPTIONS.model,
-        non_gpu_w=NON_GPU_W,
-        warmup_s=20.0,
-    )
+    return agreement(record, policy=policy, row=OPTIONS.planner_row(), warmup_s=20.0)
 
 
 def test_simulator_agrees_with_the_daemons_on_the_same_load(recorded: Path) -> None:

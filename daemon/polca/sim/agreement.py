@@ -165,15 +165,22 @@ def _row(name: str, daemons: float, simulator: float, tolerance: float) -> dict[
     }
 
 
+@dataclass(frozen=True, slots=True)
+class DemoRow:
+    """What the simulator needs of a ``polca demo`` row (``DemoOptions.planner_row``)."""
+
+    budget_w: float
+    servers: int
+    gpus_per_server: int
+    model: str  # the simulated backend's GPU model
+    non_gpu_w: float  # steady non-GPU power per server
+
+
 def agreement(
     record_dir: Path,
     *,
     policy: Policy,
-    budget_w: float,
-    servers: int,
-    gpus_per_server: int,
-    model: str,
-    non_gpu_w: float,
+    row: DemoRow,
     warmup_s: float = 30.0,
     tolerances: Tolerances | None = None,
 ) -> dict[str, Any]:
@@ -181,26 +188,28 @@ def agreement(
     tolerances = tolerances or Tolerances()
     history = load_history_csv(record_dir / "uncapped.csv", step_s=1.0)
     t0 = history.start_s
-    gpu = daemons_gpu(get_model(model))
+    gpu = daemons_gpu(get_model(row.model))
     first = policy.classes[0]
-    hp_gpus = sum(policy.static_class(index=i, uuid="") == first for i in range(gpus_per_server))
+    hp_gpus = sum(
+        policy.static_class(index=i, uuid="") == first for i in range(row.gpus_per_server)
+    )
     simulated = replay(
         history,
         gpu=gpu,
         server=ServerPreset(
             gpu=gpu.name,
-            provisioned_w=budget_w / servers,
-            other_w=non_gpu_w,
+            provisioned_w=row.budget_w / row.servers,
+            other_w=row.non_gpu_w,
             overhead_frac=0.0,
             load_scale=1.0,
         ),
-        base_servers=servers,
-        servers=servers,
-        gpus_per_server=gpus_per_server,
-        budget_w=budget_w,
+        base_servers=row.servers,
+        servers=row.servers,
+        gpus_per_server=row.gpus_per_server,
+        budget_w=row.budget_w,
         policy=policy,
         control=DAEMONS_CONTROL,
-        hp_share=hp_gpus / gpus_per_server,
+        hp_share=hp_gpus / row.gpus_per_server,
         assignment="gpu",
         warmup_s=warmup_s,
         series=True,
@@ -208,7 +217,7 @@ def agreement(
     start_s = t0 + warmup_s
     end_s = t0 + history.duration_s
     daemons = observed(
-        record_dir / "row.csv", policy=policy, budget_w=budget_w, start_s=start_s, end_s=end_s
+        record_dir / "row.csv", policy=policy, budget_w=row.budget_w, start_s=start_s, end_s=end_s
     )
     return {
         "window_s": [round(warmup_s, 1), round(history.duration_s, 1)],
@@ -222,41 +231,33 @@ def agreement(
     }
 
 
-def plan_demo_row(
-    history: Path,
-    *,
-    policy_file: Path,
-    budget_w: float,
-    servers: int,
-    gpus_per_server: int,
-    model: str,
-    non_gpu_w: float,
-    out: Path,
-    oversubscription: str = "0",
-) -> dict[str, Any]:
+def plan_demo_row(history: Path, *, policy_file: Path, row: DemoRow, out: Path) -> dict[str, Any]:
     """``polca plan --history`` on a demo row's uncapped load (``polca demo --record``'s
-    ``uncapped.csv``, or ``polca.demo.uncapped_load``'s): the demo's policy in-band, on the
-    daemons' GPU model, with 1 s telemetry; the plan's JSON (``plan.json``)."""
+    ``uncapped.csv``, or ``polca.demo.uncapped_load``'s) at the row's own servers: the
+    demo's policy in-band, on the daemons' GPU model, with 1 s telemetry. The plan's point
+    (``plan.json``'s one point: violations, brake events, time per level, peaks)."""
     from polca.sim import cli  # noqa: PLC0415 - the command line imports the whole planner
 
-    argv = ["plan", "--policy", str(policy_file), "--actuation", "in-band", "--model", model]
-    argv += ["--history", str(history), "--history-step-s", "1", "--history-gpu-physics", model]
-    argv += ["--servers", str(servers), "--gpus-per-server", str(gpus_per_server)]
-    argv += ["--budget-w", str(budget_w), "--server-other-w", str(non_gpu_w)]
+    argv = ["plan", "--policy", str(policy_file), "--actuation", "in-band", "--model", row.model]
+    argv += ["--history", str(history), "--history-step-s", "1"]
+    argv += ["--history-gpu-physics", row.model]
+    argv += ["--servers", str(row.servers), "--gpus-per-server", str(row.gpus_per_server)]
+    argv += ["--budget-w", str(row.budget_w), "--server-other-w", str(row.non_gpu_w)]
     argv += ["--server-overhead", "0", "--telemetry-period-s", "1", "--telemetry-delay-s", "1"]
-    argv += ["--oversubscription", oversubscription, "--warmup", "30", "--no-plots"]
-    argv += ["--out", str(out)]
+    argv += ["--oversubscription", "0", "--warmup", "30", "--no-plots", "--out", str(out)]
     stdout, stderr = io.StringIO(), io.StringIO()
     code = cli.main(cli.parse(argv), out=stdout, err=stderr)
     if code != 0:
         msg = f"polca plan --history {history} failed ({code}): {stderr.getvalue().strip()}"
         raise SimConfigError(msg)
-    plan: dict[str, Any] = json.loads((out / "plan.json").read_text(encoding="utf-8"))
-    return plan
+    plan = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    point: dict[str, Any] = plan["scenarios"][0]["points"][0]
+    return point
 
 
 __all__ = [
     "DAEMONS_CONTROL",
+    "DemoRow",
     "Tolerances",
     "agreement",
     "compare",

@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -46,13 +46,7 @@ FittedName = Literal[
     "decode_power_base_frac",
     "decode_power_max_frac",
 ]
-FITTED: Final[tuple[FittedName, ...]] = (
-    "prefill_clock_exponent",
-    "decode_clock_exponent",
-    "decode_mem_share",
-    "decode_power_base_frac",
-    "decode_power_max_frac",
-)
+FITTED: Final[tuple[FittedName, ...]] = get_args(FittedName)
 """The constants the published points constrain; every other field keeps its value."""
 BOUNDS: Final[dict[str, tuple[float, float]]] = {
     "prefill_clock_exponent": (0.0, 1.5),
