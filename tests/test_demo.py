@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import csv
+import itertools
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_demo_row_reaches_caps_and_prints_a_summary(tmp_path: Path) -> None:
     """Embedded broker, aggregator, trace-driven simulated nodes: levels, caps, a summary."""
+    budget_w = 19000
     result = subprocess.run(
         [
             sys.executable,
@@ -23,7 +28,9 @@ def test_demo_row_reaches_caps_and_prints_a_summary(tmp_path: Path) -> None:
             "--duration",
             "30",
             "--budget-w",
-            "19000",
+            str(budget_w),
+            "--record",
+            "record",
         ],
         capture_output=True,
         text=True,
@@ -46,7 +53,13 @@ def test_demo_row_reaches_caps_and_prints_a_summary(tmp_path: Path) -> None:
                      r"([\d.]+)% without \(the same load, uncapped\)", out)  # fmt: skip
     assert peak, out[-1500:]
     assert float(peak.group(1)) > 50
-    assert float(peak.group(2)) >= float(peak.group(1))  # caps only ever lower the peak
+    # Caps only ever lower the peak, but the two peaks are 1 s means on windows that are not
+    # aligned (each agent's own, the view's): they can differ by what the load does in 1 s.
+    with (tmp_path / "record" / "uncapped.csv").open() as f:
+        uncapped_w = [float(row["power_w"]) for row in csv.DictReader(f)]
+    rise_pct = max(b - a for a, b in itertools.pairwise(uncapped_w)) * 100.0 / budget_w
+    assert max(uncapped_w) * 100.0 / budget_w == pytest.approx(float(peak.group(2)), abs=0.06)
+    assert float(peak.group(1)) <= float(peak.group(2)) + rise_pct, (rise_pct, out[-1500:])
     servers = re.search(r"servers\s+: 4 nodes on a budget that holds (\d+) at this load", out)
     assert servers, out[-1500:]
     given = re.search(r"clock given up\s+: high ([-+][\d.]+)%, low ([-+][\d.]+)%", out)
