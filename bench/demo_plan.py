@@ -31,6 +31,17 @@ from polca.demo import DemoOptions, uncapped_load  # noqa: E402
 from polca.policy import load_policy  # noqa: E402
 from polca.sim.agreement import plan_demo_row  # noqa: E402
 
+# What each row of the JSON keeps of the plan's point.
+POINT_KEYS = (
+    "violations",
+    "brake_events",
+    "peak_pct",
+    "uncapped_peak_pct",
+    "lp_throughput_loss_pct",
+    "hp_p99_impact_pct",
+    "time_at_level_pct",
+)
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -69,11 +80,7 @@ def main() -> int:
                     "budget_w": round(options.row_budget_w()),
                     "uncapped_peak_w": round(view.uncapped_peak_w),
                     "passes": not point["violations"] and point["brake_events"] == 0,
-                    **{k: point[k] for k in ("violations", "brake_events", "peak_pct")},
-                    "uncapped_peak_pct": point["uncapped_peak_pct"],
-                    "lp_throughput_loss_pct": point["lp_throughput_loss_pct"],
-                    "hp_p99_impact_pct": point["hp_p99_impact_pct"],
-                    "time_at_level_pct": levels,
+                    **{k: point[k] for k in POINT_KEYS},
                 }
                 rows.append(row)
                 verdict = "signed" if row["passes"] else "; ".join(point["violations"])

@@ -18,7 +18,6 @@ import matplotlib.pyplot as plt  # the backend is chosen first
 import numpy as np
 from matplotlib.figure import Figure
 
-from polca.physics import power
 from polca.sim import published
 from polca.sim.model import SimGpu
 from polca.sim.runner import RunResult
@@ -266,12 +265,8 @@ _PUBLISHED_TITLES = {
 def _published_curve(gpu: SimGpu, point: published.Point) -> tuple[Any, Any]:
     if isinstance(point, published.ClockLatency):
         mhz = np.linspace(0.5 * gpu.sm_clock_max_mhz, gpu.sm_clock_max_mhz, 60)
-        frac = mhz / gpu.sm_clock_max_mhz
-        slow = power.work_slowdown(
-            frac,
-            decode_share=point.decode_share,
-            prefill_clock_exponent=gpu.prefill_clock_exponent,
-            decode_clock_exponent=gpu.decode_clock_exponent,
+        slow = published.clock_slowdown(
+            gpu, mhz / gpu.sm_clock_max_mhz, decode_share=point.decode_share
         )
         return mhz, slow
     if isinstance(point, published.DecodeLimitLatency):

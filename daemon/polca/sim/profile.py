@@ -205,10 +205,15 @@ def parse_profile(text: str, *, source: str) -> SimProfile:
     return parse_model(SimProfile, text, what="profile", source=source, limits=PROFILE_LIMITS)
 
 
+def load_model(model: type[ModelT], path: Path, *, what: str, limits: yamlkit.YamlLimits) -> ModelT:
+    """The bounded YAML file at ``path`` validated as ``model`` (``parse_model``'s errors)."""
+    data = yamlkit.load_file(path, what=what, error=SimConfigError, limits=limits)
+    return validated(model, data, what=what, source=str(path))
+
+
 def load_profile_file(path: Path) -> SimProfile:
     """Read and validate the profile at ``path``."""
-    data = yamlkit.load_file(path, what="profile", error=SimConfigError, limits=PROFILE_LIMITS)
-    return validated(SimProfile, data, what="profile", source=str(path))
+    return load_model(SimProfile, path, what="profile", limits=PROFILE_LIMITS)
 
 
 def shipped_profile_names() -> tuple[str, ...]:
@@ -277,6 +282,7 @@ __all__ = [
     "ServerProfile",
     "SimProfile",
     "dump_profile",
+    "load_model",
     "load_profile_file",
     "parse_profile",
     "resolve_profile",

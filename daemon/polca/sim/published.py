@@ -35,8 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from polca import yamlkit
 from polca.errors import SimConfigError
 from polca.physics import power
+from polca.physics.power import FloatT
 from polca.sim.model import SimGpu
-from polca.sim.profile import SimProfile, dump_profile, parse_model, validated
+from polca.sim.profile import SimProfile, dump_profile, load_model, parse_model
 
 POINTS_LIMITS: Final = yamlkit.YamlLimits(max_bytes=128 * 1024, max_depth=6, max_aliases=0)
 FittedName = Literal[
@@ -192,13 +193,21 @@ def parse_points(text: str, *, source: str) -> PublishedPoints:
 def load_points(path: Path | None = None) -> PublishedPoints:
     """The points at ``path``, or the shipped ``polca/data/published/points.yaml``."""
     if path is not None:
-        data = yamlkit.load_file(
-            path, what="published points", error=SimConfigError, limits=POINTS_LIMITS
-        )
-        return validated(PublishedPoints, data, what="published points", source=str(path))
+        return load_model(PublishedPoints, path, what="published points", limits=POINTS_LIMITS)
     shipped = resources.files("polca").joinpath("data", "published", "points.yaml")
     return parse_points(
         shipped.read_text(encoding="utf-8"), source="polca/data/published/points.yaml"
+    )
+
+
+def clock_slowdown(gpu: SimGpu, clock_frac: FloatT, *, decode_share: float) -> FloatT:
+    """How much longer work takes at ``clock_frac`` of the maximum SM clock, by ``gpu``'s
+    clock exponents (``physics.power.work_slowdown``)."""
+    return power.work_slowdown(
+        clock_frac,
+        decode_share=decode_share,
+        prefill_clock_exponent=gpu.prefill_clock_exponent,
+        decode_clock_exponent=gpu.decode_clock_exponent,
     )
 
 
@@ -206,23 +215,14 @@ def decode_slowdown_at_limit(gpu: SimGpu, *, batch: int, limit_w: float) -> floa
     """Time per token of a decode batch under ``limit_w``, over its uncapped time."""
     full_w = np.array([gpu.decode_frac(np.array([float(batch)]))[0] * gpu.tdp_w])
     clock = float(gpu.clock_for_limit(full_w, np.array([limit_w]), gpu.decode_mem_share)[0])
-    return float(clock**-gpu.decode_clock_exponent)
+    return clock_slowdown(gpu, clock, decode_share=1.0)
 
 
 def predict(gpu: SimGpu, point: Point) -> tuple[float, ...]:
     """What the model says for ``point``: one value, or the two ends of a range."""
     if isinstance(point, ClockLatency):
         frac = min(1.0, point.sm_clock_mhz / gpu.sm_clock_max_mhz)
-        return (
-            float(
-                power.work_slowdown(
-                    frac,
-                    decode_share=point.decode_share,
-                    prefill_clock_exponent=gpu.prefill_clock_exponent,
-                    decode_clock_exponent=gpu.decode_clock_exponent,
-                )
-            ),
-        )
+        return (clock_slowdown(gpu, frac, decode_share=point.decode_share),)
     if isinstance(point, DecodeLimitLatency):
         return (decode_slowdown_at_limit(gpu, batch=point.batch, limit_w=point.power_limit_w),)
     if isinstance(point, DecodePower):
@@ -266,10 +266,6 @@ def _cost(
     return float(data + drift)
 
 
-def _field(key: str, value: float) -> dict[str, Any]:
-    return {key: value}
-
-
 def _consistent(gpu: SimGpu) -> SimGpu:
     # The decode power of one request never exceeds the batch's ceiling.
     if gpu.decode_power_base_frac > gpu.decode_power_max_frac:
@@ -294,9 +290,8 @@ def fit(base: SimGpu, published: PublishedPoints, *, passes: int = 8, grid: int 
             centre = float(getattr(best, key))
             half = span[key] * shrink / 2
             for value in np.linspace(max(lo, centre - half), min(hi, centre + half), grid):
-                trial = _consistent(
-                    dataclasses.replace(best, **_field(key, round(float(value), 4)))
-                )
+                change: dict[str, Any] = {key: round(float(value), 4)}
+                trial = _consistent(dataclasses.replace(best, **change))
                 cost = _cost(trial, base, points, prior)
                 if cost < best_cost - 1e-12:
                     best, best_cost = trial, cost
@@ -358,6 +353,7 @@ __all__ = [
     "PrefillPower",
     "PublishedPoints",
     "ResidentPower",
+    "clock_slowdown",
     "decode_slowdown_at_limit",
     "fit",
     "fitted_profile",
