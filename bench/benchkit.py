@@ -137,6 +137,9 @@ def _publish(args: argparse.Namespace) -> dict[str, Any]:
     ]
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"load-{os.getpid()}")
     client.max_queued_messages_set(0)
+    if args.username:  # a broker with users (the deploy configuration); anonymous otherwise
+        password = Path(args.password_file).read_text(encoding="utf-8").strip()
+        client.username_pw_set(args.username, password)
     client.connect(args.host, args.port)
     client.loop_start()
     interval_s = 1.0 / args.rate if args.rate > 0 else 0.0
@@ -490,6 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pub.add_argument("--rate", type=float, default=0.0)
     pub.add_argument("--rows", default="", help="row,row,...: the site's nodes instead")
     pub.add_argument("--exclude", default="", help="node,node,...: left to real agents")
+    pub.add_argument("--username", default="", help="log in as this user (default: anonymous)")
+    pub.add_argument("--password-file", default="", help="the user's password (first line)")
     floor = sub.choices["floor"]
     floor.add_argument("--topic", action="append", help="repeatable; default polca/v1/#")
     floor.add_argument("--timeout-s", type=float, default=120.0)

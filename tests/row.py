@@ -120,6 +120,7 @@ class Row:
     agent_overrides: dict[str, Any] = field(default_factory=dict)
     control_overrides: dict[str, Any] = field(default_factory=dict)
     aggregator_overrides: dict[str, Any] = field(default_factory=dict)
+    node_specs: dict[str, dict[str, Any]] = field(default_factory=dict)  # topology per node
     clock: FakeClock = field(default_factory=FakeClock)
     broker: MemoryBroker = field(default_factory=MemoryBroker)
     meter_pct: float | None = None  # the row meter, as % of the budget (None: no meter)
@@ -175,7 +176,13 @@ class Row:
                     "name": ROW,
                     "budget_w": self.budget_w,
                     "racks": [
-                        {"name": rack, "nodes": [{"name": n, "non_gpu_w": 0.0} for n in names]}
+                        {
+                            "name": rack,
+                            "nodes": [
+                                {"name": n, "non_gpu_w": 0.0, **self.node_specs.get(n, {})}
+                                for n in names
+                            ],
+                        }
                         for rack, names in self.racks.items()
                     ],
                 }
@@ -249,9 +256,9 @@ class Row:
     def start_aggregator(self) -> None:
         """Start the aggregator and connect it."""
         self.aggregator.start(self.clock.seconds())
-        bus = self.aggregator.bus
-        assert isinstance(bus, MemoryBus)
-        bus.connect()
+        for bus in (self.aggregator.bus, *self.aggregator.intake_buses.values()):
+            assert isinstance(bus, MemoryBus)
+            bus.connect()
 
     def restart_aggregator(self) -> None:
         """A new aggregator process (same configuration) in place of the old one."""
@@ -259,24 +266,34 @@ class Row:
         self.start_aggregator()
 
     def aggregator_bus(self) -> MemoryBus | None:
-        """The aggregator's bus, when it is connected."""
+        """The aggregator's control connection, when it is connected."""
         bus = self.aggregator.bus
         return bus if isinstance(bus, MemoryBus) and bus.connected.is_set() else None
+
+    def aggregator_buses(self) -> list[MemoryBus]:
+        """Every connection of the aggregator (control, then nodes) that is connected."""
+        buses = (self.aggregator.bus, *self.aggregator.intake_buses.values())
+        return [b for b in buses if isinstance(b, MemoryBus) and b.connected.is_set()]
+
+    def kill_aggregator(self) -> None:
+        """The aggregator's process dies: every connection drops (its Last Will goes out)."""
+        for bus in self.aggregator_buses():
+            bus.drop()
 
     def deliver(self) -> None:
         """Hand every received message to its daemon, until no one has any left."""
         while True:
             moved = False
             self.seen.extend(self.probe.drain())
-            bus = self.aggregator_bus()
-            if bus is not None:
+            buses = self.aggregator_buses()
+            for bus in buses:
                 for message in bus.drain():
                     moved = True
                     self.aggregator.handle_message(message)
-                if self.aggregator.control_wake.is_set():  # as its control loop would
-                    self.aggregator.control_wake.clear()
-                    self.aggregator.control_step(self.clock.seconds())
-                    self.urgent_steps += 1
+            if buses and self.aggregator.control_wake.is_set():  # as its control loop would
+                self.aggregator.control_wake.clear()
+                self.aggregator.control_step(self.clock.seconds())
+                self.urgent_steps += 1
             for node in self.nodes.values():
                 if node.agent.bus is not None and node.bus.connected.is_set():
                     for message in node.bus.drain():

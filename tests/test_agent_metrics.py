@@ -39,6 +39,9 @@ async def test_an_xid_reaches_the_aggregator_and_the_events(tmp_path: Path) -> N
     second = node.agent.publish_telemetry()
     assert [g.index for g in second.gpus if g.health is not None] == [2]  # only the change
     row.deliver()
+    # Within the node's gpu_health interval (1 s): written with its next message after it.
+    assert len(row.sink.measurement("gpu_health")) == 4
+    await row.step(1.0)
     health = row.sink.measurement("gpu_health")
     assert len(health) == 4 + 1
     last = health[-1]

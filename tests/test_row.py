@@ -8,12 +8,14 @@ processes and a real Mosquitto in ``tests/integration``.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from polca.telemetry.bus import OutMessage
-from polca.telemetry.schema import Meter, encode
+from polca.telemetry.schema import Assignment, Meter, encode
 from tests.integration.test_hostile_retained import poison
 from tests.row import HOUR_NS, ROW, SITE, Row
 
@@ -94,9 +96,8 @@ async def test_aggregator_lost_agents_fail_safe_restart_resumes_at_the_same_leve
     row = _row(tmp_path, meter_pct=92.0)
     await row.start()
     await _until(row, lambda: row.levels() == dict.fromkeys(row.nodes, 2))
-    bus = row.aggregator_bus()
-    assert bus is not None
-    bus.drop()  # the process died: its Last Will goes out, its control stays retained
+    assert row.aggregator_bus() is not None
+    row.kill_aggregator()  # the process died: its Last Will goes out, its control stays
     await row.run(4)  # past the 3 s lease
     assert row.levels() == dict.fromkeys(row.nodes)  # every agent in fail-safe
     assert _at(row, low=LOW_T2_MHZ, high=HIGH_T2_MHZ)  # the fail-safe caps are T2's
@@ -261,4 +262,46 @@ async def test_telemetry_that_takes_the_row_over_a_threshold_steps_at_once(
             break
     assert row.urgent_steps == 1
     assert row.controls()[-1].level >= 1
+    await row.stop()
+
+
+async def test_flapping_priority_assignments_write_each_gpu_at_most_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 retained assignments flipping two GPUs' classes within 1 s, the agent's
+    controller woken by each: at most one write per GPU in that second, the last assignment
+    in force after the dwell (agent.class_dwell_s, 5 s), two writes per GPU at most."""
+    row = _row(tmp_path, meter_pct=92.0)
+    await row.start()
+    await _until(row, lambda: _at(row, low=LOW_T2_MHZ, high=HIGH_T2_MHZ))
+    node = row.nodes["n1"]
+    writes: Counter[int] = Counter()
+
+    def counting(write: Any) -> Any:
+        def counted(index: int, *args: Any) -> None:
+            writes[index] += 1
+            write(index, *args)
+
+        return counted
+
+    for name in ("lock_sm_clocks_mhz", "reset_sm_clocks", "set_power_limit_mw"):
+        monkeypatch.setattr(node.backend, name, counting(getattr(node.backend, name)))
+    topic = f"polca/v1/{SITE}/{ROW}/rack1/n1/assign"
+    flips = [{"1": "high", "2": "low"}, {"1": "low", "2": "high"}]
+    for i in range(200):
+        row.clock.advance(0.005)
+        message = Assignment(ts_ns=row.clock.wall(), seq=i, classes=flips[i % 2])
+        row.probe.publish_nowait(OutMessage(topic, encode(message), qos=1, retain=True))
+        row.deliver()
+        await node.agent.control_step()  # what the wake on each message runs
+    assert writes == Counter({1: 1})  # GPU 1 raised to high; GPU 2's first was "low" again
+    assert node.agent.core.classes.deferred >= 198
+    await row.run(6)
+    assert writes == Counter({1: 2, 2: 1})
+    locks = node.locks_mhz()
+    assert locks[1] is not None
+    assert locks[1] <= LOW_T2_MHZ  # the last assignment: GPU 1 low, GPU 2 high
+    assert locks[2] is not None
+    assert LOW_T2_MHZ < locks[2] <= HIGH_T2_MHZ
+    assert node.agent.core.classes.in_force == {1: "low", 2: "high"}
     await row.stop()

@@ -203,6 +203,27 @@ class AgentSettings(_Group):
         description="Report a crash loop (log, systemd STATUS=, MQTT status) when the agent "
         "ended this many times in a row with the same failure.",
     )
+    class_dwell_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="After a GPU's runtime priority class changes (the scheduler's "
+        "assignment), a further change of that GPU waits this long; the latest assignment "
+        "then applies (flips in between are coalesced, none is lost). Bounds the cap writes "
+        "a flapping assignment can cause. 0: every change applies at once.",
+    )
+    max_term_step: int = Field(
+        2**32,
+        ge=1,
+        le=2**62,
+        description="A control message whose leadership term is more than this above the "
+        "highest term accepted is refused (control_term_jump) while a lease of the current "
+        "term runs, and accepted once it lapsed: a forged term cannot fence out a live "
+        "controller. Terms are etcd create-revisions, which grow with every write to the "
+        "etcd cluster (docs/ha.md), so a new leader's term exceeds the old one's by the "
+        "writes during the old one's tenure; a larger step only delays a takeover until "
+        "the old lease lapses.",
+    )
 
 
 class MetricsSettings(BaseModel):
@@ -223,7 +244,7 @@ class MetricsSettings(BaseModel):
     )
 
 
-Thinnable = Literal["gpu", "node", "rack", "row", "cooling_loop", "aggregator"]
+Thinnable = Literal["gpu", "gpu_health", "node", "rack", "row", "cooling_loop", "aggregator"]
 """The measurements whose write interval an operator can choose (``polca.export.schedule``)."""
 
 
@@ -268,8 +289,9 @@ class InfluxSettings(_Group):
     write_every_s: dict[Thinnable, Annotated[float, Field(gt=0, le=3600)]] = Field(
         default_factory=lambda: {"gpu": 1.0},  # type: ignore[arg-type]
         description="Per-measurement write intervals (s): a series is written at most this "
-        "often, e.g. {gpu: 10, node: 1}; measurements not named are written every time "
-        "(events, control decisions and alarms always are). See docs/influxdb.md.",
+        "often, e.g. {gpu: 10, node: 1}; measurements not named are written every time, "
+        "except gpu_health, at most once a second per node unless named (events, control "
+        "decisions and alarms always are). See docs/influxdb.md.",
     )
 
 

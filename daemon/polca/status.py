@@ -112,9 +112,11 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
             out.write(f"{site + '/' + row:<16}{'-':>11}{'-':>11}{'-':>7}  {level:<10}{lease:>8}\n")
             continue
         pct = 100 * summary.power_w / summary.effective_budget_w
-        gaps = [f"{n} (offline)" for n in summary.offline_nodes] + [
-            f"{n} (stale)" for n in summary.stale_nodes
-        ]
+        gaps = (
+            [f"{n} (offline)" for n in summary.offline_nodes]
+            + [f"{n} (stale)" for n in summary.stale_nodes]
+            + [f"{n} (implausible)" for n in summary.implausible_nodes]
+        )
         out.write(
             f"{site + '/' + row:<16}{_kw(summary.power_w):>11}{_kw(summary.effective_budget_w):>11}"
             f"{pct:6.1f}%  {level:<10}{lease:>8}  {summary.power_source:<9}"

@@ -222,6 +222,68 @@ def test_a_lower_term_is_followed_again_only_after_every_lease_lapsed() -> None:
     assert tracker.term == 2
 
 
+def test_a_term_jump_waits_for_the_current_lease_to_lapse() -> None:
+    """A forged term near 2**63 cannot fence out the real controller: it is refused
+    (``term_jump``) while the current term's lease lives, and the real controller's renewals
+    keep being followed; only once that lease lapsed is the big term accepted."""
+    tracker = _tracker()
+    assert _offer(tracker, _control(seq=1, term=5, level=2, lease_s=10)) == "accepted"
+    forged = _control(seq=1, term=2**62, level=0, issuer="mallory", epoch_ns=WALL0 - S)
+    for i in range(1, 5):
+        assert _offer(tracker, forged, mono=MONO0 + i * S) == "term_jump"
+    assert tracker.term == 5
+    assert tracker.rejected == 4
+    renewal = _control(seq=2, term=5, level=2, lease_s=10)
+    assert _offer(tracker, renewal, mono=MONO0 + 5 * S) == "accepted"  # lease to MONO0 + 15 s
+    assert _offer(tracker, forged, mono=MONO0 + 14 * S) == "term_jump"
+    lease = tracker.current(MONO0 + 14 * S)
+    assert lease is not None
+    assert (lease.control.term, lease.control.level) == (5, 2)
+    # The real controller went quiet: its lease lapsed, and the big term is followed.
+    assert _offer(tracker, forged, mono=MONO0 + 15 * S) == "accepted"
+    assert tracker.term == 2**62
+
+
+def test_a_term_step_within_the_bound_is_a_takeover_at_once() -> None:
+    """A new leader's term a plausible step above the current one (5 -> 9, or exactly
+    max_term_step above) is followed at once, while the old lease still runs."""
+    tracker = _tracker()
+    _offer(tracker, _control(seq=1, term=5, level=1))
+    assert _offer(tracker, _control(seq=1, term=9, level=2, issuer="b"), mono=MONO0 + S) == (
+        "accepted"
+    )
+    assert tracker.term == 9
+    step = tracker.max_term_step
+    assert step == 2**32
+    at_bound = _control(seq=1, term=9 + step, level=3, issuer="c")
+    assert _offer(tracker, at_bound, mono=MONO0 + 2 * S) == "accepted"
+    beyond = _control(seq=1, term=9 + 2 * step + 1, level=0, issuer="d")
+    assert _offer(tracker, beyond, mono=MONO0 + 3 * S) == "term_jump"
+
+
+def test_the_first_term_ever_seen_is_accepted_whatever_its_size() -> None:
+    """An agent that has followed no one yet takes any term (an etcd cluster with a long
+    history); a jump from term 0 (no high availability) waits while a term-0 lease runs."""
+    fresh = _tracker()
+    assert _offer(fresh, _control(seq=1, term=2**40)) == "accepted"
+    assert fresh.term == 2**40
+    tracker = _tracker()
+    assert _offer(tracker, _control(seq=1, term=0, lease_s=10)) == "accepted"
+    ha = _control(seq=1, term=2**40, issuer="b")
+    assert _offer(tracker, ha, mono=MONO0 + S) == "term_jump"
+    assert _offer(tracker, ha, mono=MONO0 + 10 * S) == "accepted"
+
+
+def test_max_term_step_is_a_parameter() -> None:
+    """A smaller bound (``agent.max_term_step``) refuses smaller jumps."""
+    tracker = ControlTracker(
+        row="row1", rack="r1", window=ClockWindow.of_seconds(5), max_term_step=10
+    )
+    _offer(tracker, _control(seq=1, term=5))
+    assert _offer(tracker, _control(seq=1, term=16), mono=MONO0 + S) == "term_jump"
+    assert _offer(tracker, _control(seq=1, term=15), mono=MONO0 + S) == "accepted"
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     offers=st.lists(

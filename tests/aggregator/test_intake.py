@@ -8,7 +8,7 @@ from structlog.testing import capture_logs
 
 from polca.aggregator.config import NodeSpec, RackSpec, RowSpec
 from polca.aggregator.intake import Accepted, Intake, RetainedControl, TelemetryIn
-from polca.aggregator.rollup import RowTracker
+from polca.aggregator.rollup import Ingested, RowTracker
 from polca.telemetry.bus import InMessage
 from polca.telemetry.schema import Control, Event, Meter, State, Status, Telemetry, encode
 from polca.telemetry.topics import Topics
@@ -174,7 +174,7 @@ def test_a_failing_handler_is_counted_and_the_intake_carries_on() -> None:
     calls: list[str] = []
 
     class Exploding(RowTracker):
-        def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> bool:
+        def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> Ingested:
             calls.append(node)
             if len(calls) == 1:
                 msg = "boom"
@@ -215,9 +215,25 @@ def test_retained_own_control_seeds_and_foreign_control_is_dropped() -> None:
 
 
 def test_subscriptions_cover_owned_rows_only() -> None:
-    """The aggregator never subscribes to '#', only to its rows' topics and meters."""
-    intake, _, _ = _intake()
+    """The aggregator never subscribes to '#', only to its rows' topics and meters: control
+    and meters on one connection, each node's topics on exactly one of the others."""
+    row = RowSpec(
+        name="row1",
+        budget_w=10_000,
+        racks=(RackSpec(name="r1", nodes=tuple(NodeSpec(name=f"n{i}") for i in range(40))),),
+    )
+    intake, _, _ = _intake(RowTracker(row))
     filters = [f for f, _ in intake.subscriptions()]
     assert all(f.startswith(f"{BASE}/") for f in filters)
-    assert f"{BASE}/+/+/telemetry" in filters
-    assert f"{BASE}/meter" in filters
+    assert f"{BASE}/control" in filters
+    assert not any(f.endswith(("/telemetry", "/meter")) for f in filters)
+    assert intake.source_subscriptions() == [(f"{BASE}/meter", 0)]
+    shards = intake.node_subscriptions(4)
+    assert all(shards)  # 40 nodes spread over every connection
+    topics = [f for shard in shards for f, _ in shard]
+    assert len(topics) == len(set(topics)) == 40 * 3
+    for i in range(40):
+        holders = [k for k, shard in enumerate(shards) if (f"{BASE}/r1/n{i}/telemetry", 0) in shard]
+        assert len(holders) == 1
+        assert (f"{BASE}/r1/n{i}/status", 0) in shards[holders[0]]
+        assert (f"{BASE}/r1/n{i}/events", 0) in shards[holders[0]]

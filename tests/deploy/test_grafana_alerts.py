@@ -509,10 +509,13 @@ def _loop(loop: str, severity: Sequence[float]) -> Series:
     return Series("cooling_loop", tags, {"severity": severity})
 
 
-def _aggregator(instance: str, dropped: Sequence[float], spool_mib: Sequence[float]) -> Series:
+def _aggregator(
+    instance: str, dropped: Sequence[float], spool_mib: Sequence[float], failures: Sequence[float]
+) -> Series:
     tags = {"site": SITE, "instance": instance}
     fields = {"messages_dropped": dropped, "dropped_malformed": dropped,
-              "spool_bytes": [v * MIB for v in spool_mib]}  # fmt: skip
+              "spool_bytes": [v * MIB for v in spool_mib],
+              "control_step_failures": failures}  # fmt: skip
     return Series("aggregator", tags, fields)
 
 
@@ -529,10 +532,14 @@ SCENARIO = (
     _brakes("r2", "row", [5, 0, 0, 0]),
     _brakes("r3", "row", [1, 1, 1, 1], old=[0, 1]),
     # n1 at fail-safe with NVML errors; n2 stale, its error counter reset; n3 recovered,
-    # and 3 errors (not more than 3).
-    _node("k1", "n1", fail_safe=[1] * 4, stale=[0] * 4, gpu_errors=[0, 2, 4, 6]),
-    _node("k1", "n2", fail_safe=[0] * 4, stale=[1] * 4, gpu_errors=[10, 0, 1, 2]),
-    _node("k2", "n3", fail_safe=[1, 1, 0, 0], stale=[1, 1, 0, 0], gpu_errors=[0, 1, 2, 3]),
+    # and 3 errors (not more than 3). n1 implausible now, n2 no longer; n1 over its
+    # admission rate (600 refused in 5 min: 2/s), n2 under it, n3's counter reset.
+    _node("k1", "n1", fail_safe=[1] * 4, stale=[0] * 4, gpu_errors=[0, 2, 4, 6],
+          implausible=[0, 0, 1, 1], rate_limited=[0, 200, 400, 600]),
+    _node("k1", "n2", fail_safe=[0] * 4, stale=[1] * 4, gpu_errors=[10, 0, 1, 2],
+          implausible=[1, 1, 0, 0], rate_limited=[0, 10, 20, 30]),
+    _node("k2", "n3", fail_safe=[1, 1, 0, 0], stale=[1, 1, 0, 0], gpu_errors=[0, 1, 2, 3],
+          implausible=[0] * 4, rate_limited=[1000, 0, 5, 10]),
     # An XID now; uncorrected ECC errors now; a failed row remap; XIDs and ECC errors from
     # before the window, and a failed remap that a reset cleared.
     _gpu("n1", 0, xid_errors=[0, 0, 1, 1], ecc_uncorrected_volatile=[0] * 4,
@@ -548,10 +555,11 @@ SCENARIO = (
     _loop("L2", [2, 2, 3, 3]),
     _loop("L3", [3, 3, 1, 1]),
     # 60 drops in 5 min (0.2/s) and a full spool; 15 drops (0.05/s), a spool that shrank;
-    # an aggregator restart (counter reset) with 10 drops after it.
-    _aggregator("agg-1", [0, 20, 40, 60], [300] * 4),
-    _aggregator("agg-2", [0, 5, 10, 15], [100, 300, 100, 100]),
-    _aggregator("agg-3", [500, 0, 5, 10], [0] * 4),
+    # an aggregator restart (counter reset) with 10 drops after it. agg-1's control steps
+    # fail now; agg-2's failed once, long ago; agg-3 restarted after failures.
+    _aggregator("agg-1", [0, 20, 40, 60], [300] * 4, [0, 0, 1, 2]),
+    _aggregator("agg-2", [0, 5, 10, 15], [100, 300, 100, 100], [3] * 4),
+    _aggregator("agg-3", [500, 0, 5, 10], [0] * 4, [7, 0, 0, 0]),
 )  # fmt: skip
 
 
@@ -593,6 +601,9 @@ CASES = {
     "PolcaCoolingCritical": _case("loop", {"L2"}, {"L1", "L3"}),
     "PolcaIntakeDrops": _case("instance", {"agg-1"}, {"agg-2", "agg-3"}),
     "PolcaSpoolFilling": _case("instance", {"agg-1"}, {"agg-2", "agg-3"}),
+    "PolcaControlStepFailing": _case("instance", {"agg-1"}, {"agg-2", "agg-3"}),
+    "PolcaNodeImplausible": _case("node", {"n1"}, {"n2", "n3"}),
+    "PolcaNodeRateLimited": _case("node", {"n1"}, {"n2", "n3"}),
 }
 
 

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,13 +18,13 @@ from structlog.testing import capture_logs
 from polca.aggregator import points
 from polca.errors import BatchRejectedError, ConfigError, FatalError, InfluxUnavailableError
 from polca.export import spool
-from polca.export.gpus import gpu_points
+from polca.export.gpus import gpu_health_points, gpu_points
 from polca.export.influx import InfluxSink, resolve_token
-from polca.export.points import Point
+from polca.export.points import AnyPoint, Point
 from polca.export.sink import MemorySink, Sink
 from polca.export.transport import classify_status
 from polca.settings import InfluxSettings
-from polca.telemetry.schema import Event, GpuTelemetry, Telemetry
+from polca.telemetry.schema import Event, GpuHealthReport, GpuTelemetry, Telemetry
 from tests.mqtt_broker import free_port
 from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
 
@@ -748,3 +748,196 @@ async def test_memory_sink_records_until_closed() -> None:
     sink.write(_row_points(0, 2))
     assert sink.stats.dropped == {"memory_full": 1, "closed": 2}
     assert sink.stats.points_written == 4
+
+
+# --- essential points outlive bulk ones (a node must not crowd the database out) ---------
+
+
+def _step_ns(step: int) -> int:
+    return BASE_NS + step * 1_000_000
+
+
+def _essential_step(step: int, *, nodes: int = 4, control: bool = True) -> list[AnyPoint]:
+    """One control step's essential points: a row point, ``nodes`` node points, a control."""
+    ts_ns = _step_ns(step)
+    out: list[AnyPoint] = [
+        points.row_point(ts_ns=ts_ns, site="s1", row="r1", power_w=float(step), level=1)
+    ]
+    out.extend(
+        points.node_point(
+            ts_ns=ts_ns, site="s1", row="r1", rack="k1", node=f"n{n:02d}", power_w=float(step)
+        )
+        for n in range(nodes)
+    )
+    if control:
+        out.append(
+            points.control_point(ts_ns=ts_ns, site="s1", row="r1", scope="row", level=1, seq=step)
+        )
+    return out
+
+
+def _big_node(gpus: int, *, with_health: int = 0) -> Telemetry:
+    """A schema-valid telemetry message of one node listing ``gpus`` GPUs."""
+    return Telemetry(
+        ts_ns=BASE_NS,
+        seq=1,
+        node="n99",
+        interval_s=1.0,
+        node_gpu_power_w=300.0 * gpus,
+        node_energy_delta_j=300.0 * gpus,
+        gpus=tuple(
+            GpuTelemetry(
+                index=i,
+                uuid=f"GPU-{i}",
+                name="NVIDIA H100 80GB HBM3",
+                power_mean_w=300.0,
+                gpu_temp_c=60.0,
+                health=GpuHealthReport(xid_errors=0, pcie_replays=1) if i < with_health else None,
+            )
+            for i in range(gpus)
+        ),
+    )
+
+
+def _bulk_step(telemetry: Telemetry, step: int, *, events: int = 0) -> list[AnyPoint]:
+    """One message's bulk points: a ``gpu`` point per GPU, ``gpu_health`` ones, and events
+    with names never seen before."""
+    t = telemetry.model_copy(update={"ts_ns": _step_ns(step)})
+    out: list[AnyPoint] = [*gpu_points(t, site="s1", row="r1", rack="k9")]
+    out.extend(gpu_health_points(t, site="s1", row="r1", rack="k9"))
+    for i in range(events):
+        event = Event(ts_ns=_step_ns(step), seq=1, node="n99", event=f"flood_{step}_{i}")
+        out.append(points.event_point(event, site="s1", row="r1", rack="k9"))
+    return out
+
+
+def _essential_counts(vm: VictoriaMetricsProcess) -> tuple[int, int, int]:
+    return (
+        _vm_count(vm, "row_power_w"),
+        _vm_count(vm, "node_power_w"),
+        _vm_count(vm, "control_level"),
+    )
+
+
+async def test_memory_bound_evicts_bulk_points_before_essential_ones(
+    victoria_metrics: VictoriaMetricsProcess,
+) -> None:
+    """Database down, no spool: a flood of gpu, gpu_health and event points beyond
+    max_buffer_points drops only bulk points (oldest first); the rows, nodes and controls
+    arrive once the database is back."""
+    await asyncio.to_thread(victoria_metrics.stop)
+    # No retry (0.5 to 1 s away) takes a batch out of memory while the flood is checked.
+    settings = _settings(
+        victoria_metrics.url,
+        max_buffer_points=3000,
+        batch_size=500,
+        retry_min_s=1.0,
+        retry_max_s=1.0,
+    )
+    telemetry = _big_node(64, with_health=16)
+    essential = [p for step in range(20) for p in _essential_step(step)]
+    bulk = [p for step in range(100) for p in _bulk_step(telemetry, step, events=5)]
+    assert len(essential) == 120
+    assert len(bulk) == 100 * (64 + 16 + 5)
+    with capture_logs() as logs:
+        sink = InfluxSink(settings)
+        async with _running(sink):
+            sink.write(essential)
+            await _until(lambda: sink.in_outage)  # the batch that failed is back in memory
+            for step in range(100):  # as the intake hands them over: message by message
+                sink.write(bulk[step * 85 : (step + 1) * 85])
+            stats = sink.stats
+            assert stats.points_buffered == 3000
+            assert stats.dropped == {"memory_full_bulk": len(essential) + len(bulk) - 3000}
+            await asyncio.to_thread(victoria_metrics.start)
+            await _until(_settled(sink, len(essential) + len(bulk)))
+    assert sink.stats.dropped == {"memory_full_bulk": len(essential) + len(bulk) - 3000}
+    assert sink.stats.points_written == 3000
+    assert _essential_counts(victoria_metrics) == (20, 80, 20)
+    survivors = bulk[len(bulk) - (3000 - len(essential)) :]  # the newest bulk points
+    gpu_survivors = sum(1 for p in survivors if p.measurement == "gpu")
+    assert _vm_count(victoria_metrics, "gpu_power_w") == gpu_survivors
+    assert _vm_count(victoria_metrics, "gpu_health_pcie_replays") == sum(
+        1 for p in survivors if p.measurement == "gpu_health"
+    )
+    dropped = [e for e in logs if e["event"] == "influx_points_dropped"]
+    assert {e["reason"] for e in dropped} == {"memory_full_bulk"}
+
+
+async def test_spool_bound_evicts_bulk_segments_before_essential_ones(
+    victoria_metrics: VictoriaMetricsProcess, tmp_path: Path
+) -> None:
+    """A small spool under a stalled database: bulk segments are evicted first, essential
+    segments written before and after them all survive and are replayed first."""
+    await asyncio.to_thread(victoria_metrics.stop)
+    spool_dir = tmp_path / "spool"
+    telemetry = _big_node(100)
+    first_rows: list[AnyPoint] = [*_row_points(0, 100)]
+    nodes = [p for step in range(25) for p in _essential_step(step, control=False)[1:]]
+    last_rows: list[AnyPoint] = [*_row_points(100, 100)]
+    bulk = [_bulk_step(telemetry, step) for step in range(10)]  # 10 segments of 100
+    assert len(nodes) == 100
+    assert all(len(chunk) == 100 for chunk in bulk)
+
+    def size(batch: Sequence[AnyPoint]) -> int:
+        return len(spool.encode_segment([p.encode() for p in batch]))
+
+    essential_bytes = size(first_rows) + size(nodes) + size(last_rows)
+    room = essential_bytes + 2.5 * max(size(chunk) for chunk in bulk)
+    settings = _settings(
+        victoria_metrics.url, batch_size=100, spool_dir=spool_dir, spool_max_mb=room / 2**20
+    )
+    with capture_logs() as logs:
+        sink = InfluxSink(settings)
+        async with _running(sink, close_timeout_s=1.0):
+            written = 0
+            for batch in [first_rows, *bulk, nodes, last_rows]:
+                sink.write(batch)
+                written += len(batch)
+                # Every point on disk or dropped: none in memory or in a spill under way.
+                await _until(
+                    lambda: sink.stats.spool_points + sink.stats.points_dropped == written  # noqa: B023
+                )
+            stats = sink.stats
+            assert stats.dropped == {"spool_full_bulk": 800}
+            assert stats.spool_points == 300 + 200
+            essential_files = sorted(p.name for p in spool_dir.glob("*[0-9].lpc"))
+            bulk_files = sorted(p.name for p in spool_dir.glob("*.bulk.lpc"))
+            assert [name.split("-")[1] for name in essential_files] == ["100.lpc"] * 3
+            assert len(bulk_files) == 2  # the newest two
+            await asyncio.to_thread(victoria_metrics.start)
+            await _until(_settled(sink, 300 + 1000))
+    assert sink.stats.points_written == 500
+    assert sink.stats.dropped == {"spool_full_bulk": 800}
+    assert _essential_counts(victoria_metrics) == (200, 100, 0)
+    (row,) = victoria_metrics.export('{__name__="row_power_w"}')
+    assert row["values"] == [float(i) for i in range(200)]
+    gpu_times = {
+        t for s in victoria_metrics.export('{__name__="gpu_power_w"}') for t in s["timestamps"]
+    }
+    assert gpu_times == {_step_ns(8) // 1_000_000, _step_ns(9) // 1_000_000}
+    dropped = [e for e in logs if e["event"] == "influx_points_dropped"]
+    assert {e["reason"] for e in dropped} == {"spool_full_bulk"}
+
+
+async def test_a_node_flooding_gpu_points_cannot_evict_row_and_node_points(
+    victoria_metrics: VictoriaMetricsProcess,
+) -> None:
+    """The issue, reproduced: a node lists 1,024 GPUs (1,099 lines per message) while the
+    sink is stalled; 250 such messages among 250 control steps (a row point and 4 node
+    points each) used to evict every early row and node point. All of them survive now."""
+    telemetry = _big_node(1024, with_health=75)
+    sink = InfluxSink(_settings(victoria_metrics.url, batch_size=5000))  # 200,000 in memory
+    for step in range(250):  # stalled: nothing is sent meanwhile
+        sink.write(_essential_step(step, control=False))
+        flood = _bulk_step(telemetry, step)
+        assert len(flood) == 1099
+        sink.write(flood)
+    total = 250 * (1099 + 5)
+    assert sink.stats.points_buffered == 200_000
+    assert sink.stats.dropped == {"memory_full_bulk": total - 200_000}
+    async with _running(sink, close_timeout_s=0.5):  # the database answers again
+        await _until(lambda: sink.stats.points_written >= 5000)  # essential ones go first
+        assert _essential_counts(victoria_metrics) == (250, 1000, 0)
+    assert "memory_full" not in sink.stats.dropped
+    assert sink.stats.points_written + sink.stats.points_dropped == total

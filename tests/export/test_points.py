@@ -20,6 +20,8 @@ from polca.cooling.loops import LoopSpec
 from polca.cooling.supervisor import LoopAssessment, LoopSupervisor
 from polca.export import gpus
 from polca.export.points import (
+    BULK_MEASUREMENTS,
+    ESSENTIAL_MEASUREMENTS,
     SCHEMA,
     AnyPoint,
     LineTemplate,
@@ -711,3 +713,12 @@ def test_gpu_points_encode_as_points_built_field_by_field() -> None:
         (templated,) = gpus.gpu_points(_telemetry((gpu,)), site="s1", row="r1", rack="k 1")
         plain = Point("gpu", templated.tags, templated.fields, templated.ts_ns)
         assert _parsed(templated.to_line()) == _parsed(plain.to_line())
+
+
+def test_every_measurement_is_essential_or_bulk() -> None:
+    """The sink's two classes split SCHEMA: a new measurement must be put in one of them."""
+    assert not ESSENTIAL_MEASUREMENTS & BULK_MEASUREMENTS
+    assert set(SCHEMA) == ESSENTIAL_MEASUREMENTS | BULK_MEASUREMENTS
+    # What the nodes' messages multiply is bulk; what the aggregator decided is essential.
+    assert {"gpu", "gpu_cap", "gpu_health", "agent", "event"} == BULK_MEASUREMENTS
+    assert {"row", "rack", "node", "control", "cooling_alarm"} <= ESSENTIAL_MEASUREMENTS

@@ -87,7 +87,9 @@ def test_row_and_aggregator_points_and_drops_by_reason() -> None:
         site="s1",
         instance="agg1",
         messages_in=50,
-        dropped={"malformed": 3, "oversized": 1},
+        control_step_failures=2,
+        dropped={"malformed": 3, "oversized": 1, "rate_limited": 7},
+        implausible={"power": 5, "gpu_list": 1},
     )
     sink.write([row, health])
     metrics = _scrape(sink)
@@ -99,7 +101,13 @@ def test_row_and_aggregator_points_and_drops_by_reason() -> None:
         labels["reason"]: value
         for labels, value in metrics["polca_aggregator_messages_dropped_total"]
     }
-    assert dropped == {"malformed": 3.0, "oversized": 1.0}
+    assert dropped == {"malformed": 3.0, "oversized": 1.0, "rate_limited": 7.0}
+    implausible = {
+        labels["reason"]: value
+        for labels, value in metrics["polca_aggregator_implausible_telemetry_total"]
+    }
+    assert implausible == {"power": 5.0, "gpu_list": 1.0}
+    assert metrics["polca_aggregator_control_step_failures_total"] == [({"site": "s1"}, 2.0)]
 
 
 def test_series_are_bounded_and_a_quiet_series_is_left_out() -> None:
@@ -127,12 +135,22 @@ def test_every_family_is_documented() -> None:
     """docs/prometheus.md names every metric family the sink can serve."""
     from pathlib import Path
 
-    from polca.export.prometheus import CLOCK_EVENT_FAMILY, DROPPED_FAMILY, FAMILIES
+    from polca.export.prometheus import (
+        CLOCK_EVENT_FAMILY,
+        DROPPED_FAMILY,
+        FAMILIES,
+        IMPLAUSIBLE_FAMILY,
+    )
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "prometheus.md").read_text(
         encoding="utf-8"
     )
-    for name in [*(f.name for f in FAMILIES), CLOCK_EVENT_FAMILY, DROPPED_FAMILY]:
+    for name in [
+        *(f.name for f in FAMILIES),
+        CLOCK_EVENT_FAMILY,
+        DROPPED_FAMILY,
+        IMPLAUSIBLE_FAMILY,
+    ]:
         assert f"`{name}`" in text, name
 
 

@@ -237,3 +237,141 @@ def test_a_cut_segment_is_counted_once_across_restarts(tmp_path: Path) -> None:
     assert again.points == 9
     assert again.read_oldest(100).points == 9
     assert again.corrupt_points == 0
+
+
+# --- two classes: essential segments outlive bulk ones -----------------------------------
+
+
+def _gpu_lines(count: int, start: int = 0) -> list[bytes]:
+    """Bulk lines (``gpu``), as long as ``_lines`` of the same count so segments match."""
+    return [
+        b"gpu,site=s1 power_w=%d.0 %d" % (i, 1_700_000_000_000 + i)
+        for i in range(start, start + count)
+    ]
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name != ".lock")
+
+
+def _bounded(directory: Path, *, segments: float) -> Spool:
+    """A spool with room for ``segments`` segments of 10 lines (essential or bulk)."""
+    size = len(encode_segment(_lines(10)))
+    assert len(encode_segment(_gpu_lines(10))) == size
+    spool = Spool(directory, max_bytes=int(segments * size))
+    spool.open()
+    return spool
+
+
+def _drain(spool: Spool) -> list[bytes]:
+    replayed: list[bytes] = []
+    while not spool.empty:
+        batch = spool.read_oldest(10)
+        replayed.extend(batch.body.split(b"\n"))
+        spool.remove(batch.segments)
+    return replayed
+
+
+def test_bulk_segments_are_evicted_before_essential_ones(tmp_path: Path) -> None:
+    """Past the bound the oldest bulk segment goes, never an older essential one."""
+    spool = _bounded(tmp_path, segments=3.5)
+    spool.append(_lines(10))  # essential, the oldest of all
+    spool.append(_gpu_lines(10), bulk=True)
+    spool.append(_gpu_lines(10, start=10), bulk=True)
+    assert _names(tmp_path) == [
+        "0000000000000000-10.lpc",
+        "0000000000000001-10.bulk.lpc",
+        "0000000000000002-10.bulk.lpc",
+    ]
+    spool.append(_gpu_lines(10, start=20), bulk=True)  # a bulk one makes room: bulk goes
+    spool.append(_lines(10, start=10))  # so does an essential one
+    assert _names(tmp_path) == [
+        "0000000000000000-10.lpc",
+        "0000000000000003-10.bulk.lpc",
+        "0000000000000004-10.lpc",
+    ]
+    assert (spool.evicted_points, spool.evicted_bulk_points) == (0, 20)
+    assert (spool.points, spool.bulk_points) == (30, 10)
+    assert spool.bulk_bytes == len(encode_segment(_gpu_lines(10, start=20)))
+    assert spool.size_bytes == sum(p.stat().st_size for p in tmp_path.glob("*.lpc"))
+
+
+def test_a_bulk_segment_never_displaces_essential_ones(tmp_path: Path) -> None:
+    """Essential segments alone hold the bound: a bulk segment is refused, counted, not written."""
+    spool = _bounded(tmp_path, segments=2.5)
+    spool.append(_gpu_lines(10), bulk=True)
+    spool.append(_lines(10))
+    spool.append(_lines(10, start=10))  # evicts the bulk one
+    spool.append(_gpu_lines(10, start=10), bulk=True)  # no room beside the essential ones
+    assert _names(tmp_path) == ["0000000000000001-10.lpc", "0000000000000002-10.lpc"]
+    assert (spool.evicted_points, spool.evicted_bulk_points) == (0, 20)
+    assert spool.appended_points == 30  # the refused segment was never spooled
+    assert _drain(spool) == _lines(20)
+
+
+def test_essential_segments_are_evicted_only_when_no_bulk_one_is_left(tmp_path: Path) -> None:
+    """Essential points alone beyond the bound: the oldest essential segment goes."""
+    spool = _bounded(tmp_path, segments=2.5)
+    spool.append(_lines(10))
+    spool.append(_gpu_lines(10), bulk=True)
+    spool.append(_lines(10, start=10))  # the bulk one goes
+    spool.append(_lines(10, start=20))  # now the oldest essential one
+    assert _names(tmp_path) == ["0000000000000002-10.lpc", "0000000000000003-10.lpc"]
+    assert (spool.evicted_points, spool.evicted_bulk_points) == (10, 10)
+    assert _drain(spool) == _lines(20, start=10)
+
+
+def test_reads_give_essential_segments_first_each_class_oldest_first(tmp_path: Path) -> None:
+    """Replay order: every essential segment, then bulk ones; also after a restart."""
+    spool = _spool(tmp_path)
+    spool.append(_gpu_lines(10), bulk=True)
+    spool.append(_lines(10))
+    spool.append(_gpu_lines(10, start=10), bulk=True)
+    spool.append(_lines(10, start=10))
+    spool.close()
+    again = _spool(tmp_path)
+    assert (again.points, again.bulk_points) == (40, 20)
+    first = again.read_oldest(25)  # whole segments: two essential ones
+    assert first.body.split(b"\n") == _lines(20)
+    assert [s.bulk for s in first.segments] == [False, False]
+    again.remove(first.segments)
+    assert _drain(again) == _gpu_lines(20)
+    assert (again.points, again.bulk_points, again.size_bytes, again.bulk_bytes) == (0, 0, 0, 0)
+
+
+def test_a_batch_may_end_with_bulk_segments_after_the_essential_ones(tmp_path: Path) -> None:
+    """One read can take the last essential segment and the first bulk ones; remove takes each."""
+    spool = _spool(tmp_path)
+    spool.append(_gpu_lines(10), bulk=True)
+    spool.append(_lines(10))
+    batch = spool.read_oldest(100)
+    assert batch.body.split(b"\n") == _lines(10) + _gpu_lines(10)
+    spool.remove(batch.segments)
+    assert spool.empty
+    assert _names(tmp_path) == []
+
+
+def test_segments_of_older_versions_are_replayed_as_essential(tmp_path: Path) -> None:
+    """.lpc and .lp segments written before the classes are kept from bulk eviction."""
+    (tmp_path / "0000000000000001-10.lp").write_bytes(b"\n".join(_gpu_lines(10)) + b"\n")
+    (tmp_path / "0000000000000002-10.lpc").write_bytes(encode_segment(_gpu_lines(10, start=10)))
+    size = len(encode_segment(_lines(10)))
+    spool = Spool(tmp_path, max_bytes=2 * size)  # the .lp one is smaller: no checksums
+    spool.open()
+    assert (spool.points, spool.bulk_points) == (20, 0)
+    spool.append(_gpu_lines(10, start=20), bulk=True)  # no room beside them: refused
+    assert spool.evicted_bulk_points == 10
+    assert _drain(spool) == _gpu_lines(20)
+
+
+def test_a_damaged_bulk_segment_is_counted_once_and_keeps_its_class(tmp_path: Path) -> None:
+    """A cut bulk segment is renamed with its good count and stays bulk across a restart."""
+    cut = encode_segment(_gpu_lines(10))
+    (tmp_path / "0000000000000001-10.bulk.lpc").write_bytes(cut[: len(cut) - 20])
+    spool = _spool(tmp_path)
+    assert spool.read_oldest(100).points == 9
+    assert (spool.corrupt_points, spool.points, spool.bulk_points) == (1, 9, 9)
+    spool.close()
+    assert _names(tmp_path) == ["0000000000000001-9.bulk.lpc"]
+    again = _spool(tmp_path)
+    assert (again.points, again.bulk_points, again.corrupt_points) == (9, 9, 0)

@@ -31,8 +31,11 @@ class AggregatorProcess(JsonLogProcess):
         interval_s: float = 0.2,
         meter: bool = True,
         extra: dict[str, Any] | None = None,
+        node_fields: dict[str, dict[str, Any]] | None = None,
     ) -> None:
+        """``node_fields``: more topology fields per node name (``gpus``, ``nameplate_w``)."""
         super().__init__(workdir, policy=policy)
+        fields = node_fields or {}
         self.meter_topic = f"polca/v1/{SITE}/{ROW}/meter"
         config: dict[str, Any] = {
             "site": SITE,
@@ -53,7 +56,12 @@ class AggregatorProcess(JsonLogProcess):
                     "budget_w": budget_w,
                     **({"meter_topic": self.meter_topic, "meter_max_age_s": 2.0} if meter else {}),
                     "racks": [
-                        {"name": rack, "nodes": [{"name": n, "non_gpu_w": 500.0} for n in nodes]}
+                        {
+                            "name": rack,
+                            "nodes": [
+                                {"name": n, "non_gpu_w": 500.0, **fields.get(n, {})} for n in nodes
+                            ],
+                        }
                         for rack, nodes in racks.items()
                     ],
                 }

@@ -300,17 +300,24 @@ async def test_stale_and_offline_nodes_count_conservatively(
 
 
 async def test_bad_payloads_are_counted_and_ignored(cluster: Cluster, running: MqttProbe) -> None:
-    """Malformed, oversized, wrong-version and out-of-topology messages are dropped and counted."""
+    """Malformed, oversized, wrong-version and out-of-topology messages are dropped and
+    counted. Node topics outside the topology never even arrive: the aggregator subscribes
+    to each node of its rows where it is, not to wildcards."""
     probe = running
     base = f"polca/v1/{SITE}/{ROW}"
+    await probe.publish_raw(f"{base}/rack9/intruder/telemetry", b"{}")
+    await probe.publish_raw(f"{base}/rack2/node1/status", b"{}")  # node1 is not in rack2
     await probe.publish_raw(f"{base}/rack1/node1/telemetry", b"\x00not json")
     await probe.publish_raw(f"{base}/rack1/node1/telemetry", b'{"schema_version": 7}')
     await probe.publish_raw(f"{base}/rack1/node1/telemetry", b"[" * 300_000)
-    await probe.publish_raw(f"{base}/rack9/intruder/telemetry", b"{}")
-    await probe.publish_raw(f"{base}/rack2/node1/status", b"{}")  # node1 is not in rack2
+    await probe.publish_raw(f"{base}/rack9/control", b"{}")  # a rack the row does not have
     await probe.publish_raw(f"{base}/control", json.dumps({"kind": "control"}).encode())
     for reason in ("malformed", "schema_version", "oversized", "topology"):
         await cluster.aggregator.wait_log("message_dropped", where=_reason_is(reason))
+    topics = [
+        e.get("topic", "") for e in cluster.aggregator.logs() if e["event"] == "message_dropped"
+    ]
+    assert not any("intruder" in t or "rack2/node1" in t for t in topics)
     # Still controlling: the row keeps publishing fresh control at level 0.
     count = len(probe.of("control"))
     await wait_until(lambda: len(probe.of("control")) > count + 3, what="control continues")

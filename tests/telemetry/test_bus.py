@@ -201,6 +201,22 @@ async def test_round_trip(mosquitto: MosquittoProcess, protocol: str) -> None:
     assert bus.stats.published == 2  # birth and hello
 
 
+async def test_a_message_over_the_wire_bound_is_never_sent(mosquitto: MosquittoProcess) -> None:
+    """A payload over MAX_PAYLOAD_BYTES is dropped and counted, and the connection (which a
+    broker would drop for it) carries on: the next message arrives."""
+    from polca.telemetry.schema import MAX_PAYLOAD_BYTES
+
+    bus = MqttBus(fast_settings(mosquitto.port), client_id="node-1")
+    async with observer(mosquitto.port, "polca/test/out") as obs, running(bus):
+        big = OutMessage("polca/test/out", b"x" * (MAX_PAYLOAD_BYTES + 1), qos=1)
+        assert not await bus.publish(big)
+        assert await bus.publish(OutMessage("polca/test/out", b"after", qos=1))
+        received = await next_message(obs, "polca/test/out")
+        assert received.payload == b"after"
+    assert bus.stats.outbox_dropped == 1
+    assert bus.stats.connects == 1
+
+
 async def test_retained_reaches_late_subscriber(mosquitto: MosquittoProcess) -> None:
     """A retained message published by the bus is delivered to a subscriber that comes later."""
     bus = MqttBus(fast_settings(mosquitto.port), client_id="node-1")

@@ -24,6 +24,13 @@ A message is refused (and counted) when it is:
   deposed aggregator that still publishes: paused, partitioned); a lower term is accepted
   again only once every lease of the higher one has run out (an etcd cluster rebuilt from
   scratch restarts its revisions), so no term can lock the real controller out;
+- ``term_jump``: from a term more than ``max_term_step`` (``agent.max_term_step``) above the
+  highest accepted, while a lease of that highest term is still valid. Terms are etcd
+  create-revisions, which grow with the cluster's writes, so a real new leader's term is
+  above the old one's by a plausible step; a term far above the highest term seen in this
+  process's lifetime is accepted only after the lease of the current term lapses (bounding
+  a forged term to one lease, as epochs are), and a live controller renewing its lease
+  cannot be fenced out by one. The first term ever seen (no lease yet) is accepted;
 - ``stale``: not newer, by ``(epoch_ns, seq)``, than the last one accepted for its scope;
   a *lower* epoch (a controller restarted after its clock stepped back) is accepted once
   the higher epoch's lease has run out, so no stamp can lock the real controller out;
@@ -51,11 +58,22 @@ from polca.telemetry.checks import ClockWindow
 from polca.telemetry.schema import Control
 
 Verdict = Literal[
-    "accepted", "observed", "stale", "expired", "foreign", "issuer", "future", "skewed", "fenced"
+    "accepted",
+    "observed",
+    "stale",
+    "expired",
+    "foreign",
+    "issuer",
+    "future",
+    "skewed",
+    "fenced",
+    "term_jump",
 ]
 REFUSED: frozenset[Verdict] = frozenset(
-    {"stale", "expired", "foreign", "issuer", "future", "skewed", "fenced"}
+    {"stale", "expired", "foreign", "issuer", "future", "skewed", "fenced", "term_jump"}
 )
+DEFAULT_MAX_TERM_STEP = 2**32
+"""A term more than this above the highest accepted waits for that term's lease to lapse."""
 MAX_PLAUSIBLE_SKEW_NS = 7 * 86_400 * 1_000_000_000
 """Beyond this, a live message's stamp is not a skewed clock but a forged or broken one."""
 
@@ -80,13 +98,16 @@ class _Order:
 class ControlTracker:
     """The newest accepted control per scope, for one node.
 
-    ``issuers`` empty accepts any issuer (the runtime warns about it at start-up).
+    ``issuers`` empty accepts any issuer (the runtime warns about it at start-up);
+    ``max_term_step`` bounds the term a control may jump to while the current term's lease
+    runs (``agent.max_term_step``).
     """
 
     row: str
     rack: str
     window: ClockWindow
     issuers: frozenset[str] = frozenset()
+    max_term_step: int = DEFAULT_MAX_TERM_STEP
     row_lease: Lease | None = None
     rack_lease: Lease | None = None
     rejected: int = 0
@@ -153,6 +174,11 @@ class ControlTracker:
             order.expires_mono_ns > received_mono_ns for order in self._order.values()
         ):
             return "fenced", 0
+        if control.term - self.term > self.max_term_step and any(
+            order.term == self.term and order.expires_mono_ns > received_mono_ns
+            for order in self._order.values()
+        ):
+            return "term_jump", 0
         last = self._order.get(control.scope)
         if last is not None and control.term != last.term:
             last = None  # a new leader (or, the higher term lapsed, a rebuilt etcd's)

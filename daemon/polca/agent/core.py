@@ -8,6 +8,10 @@ and the decision in force) and turns inputs into decisions and effects:
   mean (a GPU lost or recovered);
 - ``receive``: one MQTT message (control, policy bundle, priority assignment), checked and
   taken, or counted and dropped, never raised (``Received`` says what the shell must do);
+  what a message makes the agent do elsewhere is bounded, not paced by the sender: a GPU's
+  priority class changes at most once per ``agent.class_dwell_s`` (``ClassDwell``), an
+  invalid policy bundle is published as an event at most once per 10 s (the same revision
+  again only counted), and a clock skew report flips at most once per 10 s;
 - ``decide``: the engine's decision for now, or None when its inputs have not changed;
   ``take`` makes a decision the one in force and reports the transitions;
 - ``fail_safe_decision``: what a GPU gets when control ends (crash, stop, start-up after
@@ -30,6 +34,7 @@ import structlog
 
 from polca.agent import messages
 from polca.agent.actuator import ApplyResult
+from polca.agent.classes import ClassDwell
 from polca.agent.control import REFUSED, ControlTracker
 from polca.agent.gpu_health import HealthTracker
 from polca.errors import GpuError, GpuLostError, PolicyError, SchemaError
@@ -48,11 +53,13 @@ from polca.policy import (
 from polca.policy.loader import revision_of
 from polca.settings import AgentSettings
 from polca.telemetry.bus import InMessage, OutMessage
-from polca.telemetry.checks import ClockWindow, DropLog
+from polca.telemetry.checks import ClockWindow, DropLog, RateGate
 from polca.telemetry.schema import Assignment, Control, PolicyBundle, decode
 from polca.telemetry.topics import NodeAddress, Topics
 
 LOST_RETRY_S = 10.0
+REPORT_EVERY_S = 10.0
+"""At most one report (event, info log) per this many seconds of a message-driven kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +113,7 @@ class AgentCore:
             rack=addr.rack,
             window=self.clock_window,
             issuers=frozenset(settings.control_issuers),
+            max_term_step=settings.max_term_step,
         )
         self.drops = DropLog("message_rejected", logger=self.log)
         self.infos: dict[int, GpuInfo] = {}
@@ -115,7 +123,13 @@ class AgentCore:
         self.fresh: dict[int, GpuSample] = {}
         self.lost: dict[int, float] = {}  # index -> loop time of the last attempt
         self.health = HealthTracker(every_s=settings.health_every_s)
-        self.runtime_classes: dict[str, str] = {}  # uuid or index -> class (MQTT assignment)
+        self.classes = ClassDwell(int(settings.class_dwell_s * 1e9))
+        self._deferred_logged = 0  # ``classes.deferred`` at the last log line about them
+        self._reports = RateGate(REPORT_EVERY_S)  # message-driven reports, by kind
+        self.policy_rejections = 0  # invalid policy bundles received
+        self._rejections_unreported = 0  # of them, not published as an event yet
+        self._rejected_revision: str | None = None  # the last invalid bundle's revision
+        self._observed_levels: dict[str, int] = {}  # scope -> level of its last observed
         self.engine_state = EngineState()
         self.decision: Decision | None = None
         self.last_targets: tuple[GpuTarget, ...] = ()
@@ -127,6 +141,11 @@ class AgentCore:
         self.identity = messages.Identity(backend="", observe_only=False, started_ns=0)
         self.crash_loop: str | None = None  # what ended the last runs, when it is a loop
         self._last_key: tuple[object, ...] | None = None
+
+    @property
+    def runtime_classes(self) -> Mapping[str, str]:
+        """The priority classes the scheduler's assignment asks for (before the dwell)."""
+        return self.classes.requested
 
     @property
     def policy(self) -> LoadedPolicy:
@@ -207,7 +226,7 @@ class AgentCore:
             if index in self.lost:
                 continue
             sample = self.latest.get(index)
-            cls = self.runtime_classes.get(info.uuid) or self.runtime_classes.get(str(index))
+            cls = self.classes.of(index)
             supported = info.supported_sm_clocks_mhz
             views.append(
                 GpuView(
@@ -239,14 +258,25 @@ class AgentCore:
         return None
 
     def decide(self, now_mono_ns: int) -> Decision | None:
-        """The engine's decision for now; None when nothing it depends on has changed."""
+        """The engine's decision for now; None when nothing it depends on has changed.
+
+        First puts in force the priority class changes whose dwell has passed: the
+        controller runs every sampling tick, so a deferred change is decided here once its
+        dwell ends (the key holds the classes in force, not those requested).
+        """
+        applied = self.classes.settle(self.infos.values(), now_mono_ns)
+        if applied:
+            self.log.info(
+                "priority_assigned",
+                classes={str(index): cls for index, cls in sorted(applied.items())},
+            )
         control = self.control_input(now_mono_ns)
         temps = tuple((i, s.gpu_temp_c, s.mem_temp_c) for i, s in sorted(self.latest.items()))
         key = (
             control is not None and control.lease_expires_ns > now_mono_ns,  # valid or not
             self.policy.revision,
             None if control is None else control.level,
-            tuple(sorted(self.runtime_classes.items())),
+            self.classes.key(),
             tuple(sorted(self.lost)),
             temps,
         )
@@ -384,12 +414,11 @@ class AgentCore:
         if message.topic == t.policy(a.site, a.row):
             if not message.payload:  # retained policy cleared: keep what is in force
                 return Received()
-            return self._on_policy_bundle(decode(message.payload, PolicyBundle), message.topic)
+            return self._on_policy_bundle(decode(message.payload, PolicyBundle), message)
         if message.topic == t.node(a, "assign"):
-            if not message.payload:
-                self.runtime_classes = {}  # retained assignment cleared
-                return Received(wake=True)
-            return self._on_assignment(decode(message.payload, Assignment), message.topic)
+            if not message.payload:  # retained assignment cleared
+                return self._assign({}, message)
+            return self._on_assignment(decode(message.payload, Assignment), message)
         self.drops.drop("topic", topic=message.topic, detail="not a topic the agent reads")
         return Received()
 
@@ -419,8 +448,13 @@ class AgentCore:
                 retained=message.retain,
             )
             return Received()
-        # Lease renewals at an unchanged level are routine: debug only.
-        routine = before is not None and before.control.level == control.level
+        # Lease renewals at an unchanged level are routine: debug only. Shadow-mode control
+        # sets no lease: it is routine when its scope's last observed level was the same.
+        if verdict == "observed":
+            routine = self._observed_levels.get(control.scope) == control.level
+            self._observed_levels[control.scope] = control.level
+        else:
+            routine = before is not None and before.control.level == control.level
         (self.log.debug if routine else self.log.info)(
             "control_accepted" if verdict == "accepted" else "control_observed",
             scope=control.scope,
@@ -429,7 +463,7 @@ class AgentCore:
             issuer=control.issuer,
             retained=message.retain,
         )
-        return Received(wake=True, status_changed=self._check_clock_skew())
+        return Received(wake=True, status_changed=self._check_clock_skew(now_mono))
 
     @property
     def skew_s(self) -> float | None:
@@ -437,11 +471,20 @@ class AgentCore:
         skew_ns = self.tracker.skew_ns
         return None if skew_ns is None else round(skew_ns / 1e9, 3)
 
-    def _check_clock_skew(self) -> bool:
-        """Say so when this node's clock and its controller's disagree beyond the tolerance."""
+    def _check_clock_skew(self, now_mono_ns: int) -> bool:
+        """Say so when this node's clock and its controller's disagree beyond the tolerance.
+
+        The state flips at most once per ``REPORT_EVERY_S`` (the first time at once):
+        stamps alternating either side of the tolerance (a clock at its edge, or a sender
+        doing it on purpose) would otherwise log, publish an event and republish the
+        retained status at message rate. A flip held back is judged again on the next
+        control message.
+        """
         skew_ns = self.tracker.skew_ns
         skewed = skew_ns is not None and self.clock_window.skewed(skew_ns, 0)
         if skewed == self.clock_skewed:
+            return False
+        if self._reports.admit("clock_skew", now_mono_ns / 1e9) is None:
             return False
         self.clock_skewed = skewed
         if skewed:
@@ -458,30 +501,32 @@ class AgentCore:
             self.event("clock_skew_cleared", skew_s=self.skew_s)
         return True
 
-    def _on_policy_bundle(self, bundle: PolicyBundle, topic: str) -> Received:
-        """Validate and apply the aggregator's policy; the shell keeps the text as a copy."""
+    def _on_policy_bundle(self, bundle: PolicyBundle, message: InMessage) -> Received:
+        """Validate and apply the aggregator's policy; the shell keeps the text as a copy.
+
+        The revision is the digest of the text, so a bundle with the revision last rejected
+        is the same text: it is counted and logged at debug, not validated or published
+        again. Other invalid bundles publish a ``policy_rejected`` event (and an error
+        line) at most once per ``REPORT_EVERY_S``; the next one says how many were not
+        published (``suppressed``).
+        """
+        topic = message.topic
         if revision_of(bundle.text.encode("utf-8")) != bundle.revision:
             msg = f"policy bundle revision {bundle.revision} is not the digest of its text"
             raise SchemaError(msg)
         current = self.policy_store.current
         if current is not None and current.revision == bundle.revision and self.remote_policy:
             return Received()
+        if bundle.revision == self._rejected_revision:
+            self.policy_rejections += 1
+            self._rejections_unreported += 1
+            self.log.debug("policy_rejected_again", trigger="mqtt", revision=bundle.revision)
+            return Received()
         result = self.policy_store.replace(bundle.text, source=f"mqtt:{topic}")
         if result.errors:
-            self.log.error(
-                "policy_rejected",
-                trigger="mqtt",
-                problems=list(result.errors),
-                revision=bundle.revision,
-                revision_in_force=self.policy.revision,
-            )
-            self.event(
-                "policy_rejected",
-                problems=[p[:1000] for p in result.errors[:20]],
-                revision=bundle.revision,
-                revision_in_force=self.policy.revision,
-            )
+            self._bundle_rejected(bundle.revision, result.errors, message.received_mono_ns)
             return Received()
+        self._rejected_revision = None
         if not self.remote_policy:
             self.log.info("policy_remote_adopted", revision=bundle.revision, topic=topic)
         self.remote_policy = True
@@ -496,19 +541,72 @@ class AgentCore:
         self.event("policy_applied", revision=self.policy.revision, source="mqtt")
         return Received(wake=True, policy_copy=bundle.text, status_changed=True)
 
-    def _on_assignment(self, assignment: Assignment, topic: str) -> Received:
+    def _bundle_rejected(self, revision: str, problems: Sequence[str], now_mono_ns: int) -> None:
+        """Count one invalid policy bundle; publish it unless one was less than 10 s ago."""
+        self._rejected_revision = revision
+        self.policy_rejections += 1
+        if self._reports.admit("policy_rejected", now_mono_ns / 1e9) is None:
+            self._rejections_unreported += 1
+            self.log.debug("policy_rejected_suppressed", trigger="mqtt", revision=revision)
+            return
+        suppressed, self._rejections_unreported = self._rejections_unreported, 0
+        self.log.error(
+            "policy_rejected",
+            trigger="mqtt",
+            problems=list(problems),
+            revision=revision,
+            revision_in_force=self.policy.revision,
+            suppressed=suppressed,
+        )
+        self.event(
+            "policy_rejected",
+            problems=[p[:1000] for p in problems[:20]],
+            revision=revision,
+            revision_in_force=self.policy.revision,
+            suppressed=suppressed,
+        )
+
+    def _on_assignment(self, assignment: Assignment, message: InMessage) -> Received:
+        """Check a scheduler's assignment: an unknown class refuses it whole; entries for
+        GPUs this node does not have are dropped (counted once per message as
+        ``unknown_gpu``) and the rest apply."""
         declared = set(self.policy.policy.classes)
         unknown = sorted(set(assignment.classes.values()) - declared)
         if unknown:
             self.drops.drop(
                 "unknown_class",
-                topic=topic,
+                topic=message.topic,
                 detail=f"unknown priority classes {unknown[:8]}; policy declares "
                 f"{sorted(declared)}",
             )
             return Received()
-        self.runtime_classes = dict(assignment.classes)
-        self.log.info("priority_assigned", classes=self.runtime_classes)
+        known = {info.uuid for info in self.infos.values()} | {str(i) for i in self.infos}
+        strangers = sorted(key for key in assignment.classes if key not in known)
+        if strangers:
+            self.drops.drop(
+                "unknown_gpu",
+                topic=message.topic,
+                detail=f"{len(strangers)} assignment entries name no GPU of this node "
+                f"(by UUID or index), e.g. {strangers[:2]}; the others apply",
+            )
+        classes = {key: cls for key, cls in assignment.classes.items() if key in known}
+        return self._assign(classes, message)
+
+    def _assign(self, classes: Mapping[str, str], message: InMessage) -> Received:
+        """Ask for ``classes``: each GPU's change applies at the next decision, or waits
+        for its dwell; held-back changes are logged at most once per ``REPORT_EVERY_S``."""
+        now = message.received_mono_ns
+        self.log.debug("priority_assignment_received", classes=dict(classes))
+        held = self.classes.request(classes, self.infos.values(), now)
+        if held and self._reports.admit("priority_change_deferred", now / 1e9) is not None:
+            self.log.info(
+                "priority_change_deferred",
+                gpus=held,
+                deferred=self.classes.deferred - self._deferred_logged,
+                total=self.classes.deferred,
+                dwell_s=self.settings.class_dwell_s,
+            )
+            self._deferred_logged = self.classes.deferred
         return Received(wake=True)
 
     def policy_rejected(self, problems: Sequence[str]) -> None:

@@ -125,6 +125,7 @@ class TelemetryWindow:
                         name=info.name,
                         priority_class=classes.get(index),
                         state=state,
+                        power_limit_max_w=_w(info.power_limit_max_mw),
                         health=health.get(index),
                     )
                 )
@@ -160,6 +161,7 @@ class TelemetryWindow:
                 mem_util_pct=s.mem_util_pct,
                 power_limit_w=_w(s.power_limit_mw),
                 enforced_power_limit_w=_w(s.enforced_power_limit_mw),
+                power_limit_max_w=_w(info.power_limit_max_mw),
                 clock_event_reasons=win.reasons,
                 clock_events=clock_event_names(win.reasons or 0),
                 locked_sm_clock_max_mhz=locks.get(index),

@@ -18,8 +18,19 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from polca.cooling.loops import CoolingSettings
 from polca.settings import InfluxSettings, ProcessSettings, read_secret
+from polca.telemetry.schema import MAX_PAYLOAD_BYTES, MAX_ROW_NODES, MAX_ROW_RACKS
 
-_NAME = r"^[A-Za-z0-9_.-]+$"
+MAX_BUDGET_W = 1e9
+"""A row's or rack's budget: 1 GW, beyond any real power domain. With the node bounds
+below, a row's summed power stays far inside what its summary carries (``MAX_TOTAL_W``)."""
+MAX_NODE_W = 1e6
+"""A node's declared nameplate or non-GPU power."""
+MAX_GPU_W = 1e4
+"""One GPU's declared or assumed maximum power."""
+MAX_NODES_PER_ROW = MAX_ROW_NODES
+MAX_RACKS_PER_ROW = MAX_ROW_RACKS
+
+_NAME = r"^[A-Za-z0-9_.-]{1,128}$"
 RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator"})
 """Levels under a site that polca's own topics use (see ``polca.telemetry.topics``)."""
 
@@ -33,7 +44,10 @@ class NodeSpec(_Model):
 
     name: str = Field(pattern=_NAME, description="Node name, as in the agent's topics.node.")
     non_gpu_w: float = Field(
-        0.0, ge=0, description="Non-GPU power (CPUs, fans, NICs) added to the GPUs' power."
+        0.0,
+        ge=0,
+        le=MAX_NODE_W,
+        description="Non-GPU power (CPUs, fans, NICs) added to the GPUs' power.",
     )
     non_gpu_factor: float = Field(
         0.0, ge=0, le=2, description="Extra non-GPU power as a fraction of the GPU power."
@@ -41,8 +55,26 @@ class NodeSpec(_Model):
     nameplate_w: float | None = Field(
         None,
         gt=0,
-        description="Worst-case node power, counted while the node is stale or offline; "
-        "default: the GPUs' enforced limits from its last telemetry plus non-GPU power.",
+        le=MAX_NODE_W,
+        description="Worst-case node power: counted while the node is stale or offline, and "
+        "the most any of its readings is counted at (a higher claim is implausible); "
+        "default: the GPUs' enforced limits from its last telemetry plus non-GPU power "
+        "while stale or offline, and the plausible bound (docs/intake.md) for readings.",
+    )
+    gpus: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="GPUs on this node; default: as many as its first telemetry lists (at "
+        "most intake.max_gpus_per_node). A node may not report more.",
+    )
+    gpu_max_power_w: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_GPU_W,
+        description="The most one GPU of this node can draw (its maximum power limit); "
+        "default: the largest maximum limit its first telemetry reports, at most "
+        "intake.max_gpu_power_w.",
     )
 
 
@@ -50,46 +82,63 @@ class RackSpec(_Model):
     """One rack of a row."""
 
     name: str = Field(pattern=_NAME)
-    budget_w: float | None = Field(None, gt=0, description="Rack electrical budget, if any.")
-    nodes: tuple[NodeSpec, ...] = Field(min_length=1)
+    budget_w: float | None = Field(
+        None, gt=0, le=MAX_BUDGET_W, description="Rack electrical budget, if any."
+    )
+    nodes: tuple[NodeSpec, ...] = Field(min_length=1, max_length=MAX_NODES_PER_ROW)
 
 
 class RowSpec(_Model):
     """One row: a power domain with a provisioned budget."""
 
     name: str = Field(pattern=_NAME)
-    budget_w: float = Field(gt=0, description="Provisioned row power budget.")
+    budget_w: float = Field(gt=0, le=MAX_BUDGET_W, description="Provisioned row power budget.")
     meter_topic: str | None = Field(
         None, description="MQTT topic where a PDU or meter publishes the row's power."
     )
     meter_max_age_s: float = Field(
-        5.0, gt=0, description="A meter reading older than this is ignored."
+        5.0, gt=0, le=3600, description="A meter reading older than this is ignored."
     )
-    racks: tuple[RackSpec, ...] = Field(min_length=1)
+    racks: tuple[RackSpec, ...] = Field(min_length=1, max_length=MAX_RACKS_PER_ROW)
 
     def nodes(self) -> list[tuple[RackSpec, NodeSpec]]:
         """Every node of the row with its rack."""
         return [(rack, node) for rack in self.racks for node in rack.nodes]
 
+    @model_validator(mode="after")
+    def _bounded(self) -> Self:
+        count = sum(len(rack.nodes) for rack in self.racks)
+        if count > MAX_NODES_PER_ROW:
+            msg = (
+                f"row {self.name} has {count} nodes; at most {MAX_NODES_PER_ROW} fit one row's "
+                "summary: split it into rows"
+            )
+            raise ValueError(msg)
+        return self
+
 
 class ControlSettings(_Model):
     """The row controller's timing and mode."""
 
-    interval_s: float = Field(1.0, gt=0, description="How often each row is evaluated.")
+    interval_s: float = Field(1.0, gt=0, le=60, description="How often each row is evaluated.")
     lease_s: float = Field(
-        10.0, gt=0, description="Lease granted by each control message (renewed each interval)."
+        10.0,
+        gt=0,
+        le=86_400,
+        description="Lease granted by each control message (renewed each interval).",
     )
     stale_after_s: float = Field(
-        5.0, gt=0, description="A node without telemetry for this long counts as stale."
+        5.0, gt=0, le=86_400, description="A node without telemetry for this long counts as stale."
     )
     warmup_s: float = Field(
         5.0,
         ge=0,
+        le=3600,
         description="After start, wait this long (or until every node reported) before "
         "publishing control, so a restart never uncaps on missing data.",
     )
     trend_window_s: float = Field(
-        10.0, gt=0, description="Window of the row power trend (least-squares slope)."
+        10.0, gt=0, le=3600, description="Window of the row power trend (least-squares slope)."
     )
     observe: bool = Field(
         False, description="Shadow mode: publish decisions marked observe; agents do not apply."
@@ -118,6 +167,98 @@ class ControlSettings(_Model):
         ge=2,
         description="Report a crash loop (log, systemd STATUS=, MQTT status) when the "
         "aggregator ended this many times in a row with the same failure.",
+    )
+
+
+class IntakeSettings(_Model):
+    """What one node may claim and send: plausibility bounds and per-source admission.
+
+    A node's counted power is bounded by what it can draw (docs/intake.md); each node's
+    messages are admitted by token buckets before they are decoded, so one node (a firmware
+    bug, stolen credentials) cannot starve the others or the control step. Rates are per
+    node (per meter or CDU topic for those); the burst is how many may arrive at once
+    after a quiet spell.
+    """
+
+    max_gpus_per_node: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="The most GPUs a node may list when the topology does not declare "
+        "its gpus (an HGX or MI300 board has 8): its first telemetry's count, cut to this.",
+    )
+    max_gpu_power_w: float = Field(
+        1400.0,
+        gt=0,
+        le=MAX_GPU_W,
+        description="The most one GPU may draw when the topology does not declare "
+        "gpu_max_power_w (the highest maximum power limit of current data-center GPUs): "
+        "the plausible bound per GPU is the smaller of this and the maximum limit the "
+        "node's first telemetry reports.",
+    )
+    power_headroom_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="A GPU's mean power may exceed its maximum limit by this fraction "
+        "(prompt spikes reach 1.16 x TDP) before the reading is implausible.",
+    )
+    telemetry_per_s: float = Field(
+        4.0,
+        gt=0,
+        le=10_000,
+        description="Telemetry messages per second admitted from one node (an agent sends "
+        "one per publish interval, 1 s by default); excess is dropped as rate_limited.",
+    )
+    telemetry_burst: int = Field(
+        8, ge=1, le=100_000, description="Telemetry messages one node may send at once."
+    )
+    messages_per_s: float = Field(
+        20.0,
+        gt=0,
+        le=10_000,
+        description="Status, state and event messages per second admitted from one node "
+        "(a bucket apart from telemetry's, so a flood of events does not silence a "
+        "node's power readings).",
+    )
+    messages_burst: int = Field(
+        100, ge=1, le=100_000, description="Status, state and event messages at once."
+    )
+    bytes_per_s: float = Field(
+        256 * 1024.0,
+        gt=0,
+        description="Payload bytes per second admitted from one node, every channel together "
+        "(an 8-GPU telemetry is about 6 KB).",
+    )
+    bytes_burst: int = Field(
+        1024 * 1024,
+        ge=MAX_PAYLOAD_BYTES,
+        description="Payload bytes one node may send at once (at least the largest "
+        "message the wire allows).",
+    )
+    source_per_s: float = Field(
+        20.0,
+        gt=0,
+        le=10_000,
+        description="Messages per second admitted on each meter and CDU topic.",
+    )
+    source_burst: int = Field(40, ge=1, le=100_000, description="Meter or CDU messages at once.")
+    connections: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="MQTT connections the nodes' topics are spread over (each node on one, "
+        "by a hash of its name), beside the connection that carries control, meters and "
+        "CDUs: the broker queues messages per connection, so a node flooding it fills "
+        "its own connection's queue and the nodes on the others stay fresh.",
+    )
+    warn_every_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="At most one warning of each kind per node per this many seconds "
+        "(node offline, implausible telemetry); every occurrence is counted. Drops, "
+        "rate-limited messages included, are logged once per 10 s per reason.",
     )
 
 
@@ -208,6 +349,10 @@ class AggregatorSettings(ProcessSettings):
     )
     rows: tuple[RowSpec, ...] = Field((), description="The rows this aggregator owns.")
     control: ControlSettings = Field(default_factory=ControlSettings)
+    intake: IntakeSettings = Field(
+        default_factory=IntakeSettings,
+        description="Plausibility bounds of each node's readings and per-node admission.",
+    )
     influx: InfluxSettings = Field(default_factory=InfluxSettings)
     cooling: CoolingSettings = Field(
         default_factory=CoolingSettings,

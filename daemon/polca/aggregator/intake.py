@@ -11,6 +11,15 @@ issuer, not a peer of our shard, controls one of our rows), and ``internal`` (an
 unexpected error while handling one message: logged with its traceback; the intake
 carries on).
 
+Before a node's message is decoded it must pass that node's admission (token buckets per
+node: telemetry apart from status, state and events, and payload bytes over all of them;
+per topic for meters and CDUs; ``IntakeSettings``): a node sending faster is dropped
+cheaply as ``rate_limited``, counted per node, so it cannot starve the other nodes, the
+control step or the connection's keepalive. A telemetry message its row finds implausible
+(``RowTracker.ingest_telemetry``: more power or GPUs than the node has) is still applied,
+within the node's bound, and counted by reason (``implausible``); its warning, like
+``node_offline``, is logged at most once per node per ``warn_every_s``.
+
 Wall-clock stamps from other machines are never used for staleness (receipt time on the
 monotonic clock is) and are trusted for the database only within the skew tolerance:
 a message stamped further off is kept, counted under ``clock_skew`` (``skewed``) and
@@ -26,16 +35,18 @@ control step runs now rather than at the interval), so data flows one way. No I/
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 import structlog
 
-from polca.aggregator.rollup import RowTracker
+from polca.aggregator.config import IntakeSettings
+from polca.aggregator.rollup import Anomaly, NodeView, RowTracker
 from polca.errors import SchemaError, StaleMessageError
 from polca.telemetry.bus import InMessage
-from polca.telemetry.checks import ClockWindow, DropLog, check_identity
+from polca.telemetry.checks import ClockWindow, DropLog, RateGate, TokenBucket, check_identity
 from polca.telemetry.schema import (
     MAX_PAYLOAD_BYTES,
     CduTelemetry,
@@ -47,9 +58,11 @@ from polca.telemetry.schema import (
     Telemetry,
     decode,
 )
-from polca.telemetry.topics import Topics
+from polca.telemetry.topics import NodeAddress, NodeChannel, Topics
 
 _log = structlog.get_logger()
+_NODE_CHANNELS: Final[tuple[NodeChannel, ...]] = ("telemetry", "status", "events")
+"""What the aggregator reads of each node."""
 _DEFAULT_WINDOW = ClockWindow.of_seconds(5.0)
 _Stamped = TypeVar("_Stamped", Telemetry, Event)
 
@@ -61,8 +74,9 @@ class TelemetryIn:
     row: str
     rack: str
     node: str
-    telemetry: Telemetry
+    telemetry: Telemetry  # as counted: GPUs the node cannot have are cut out
     urgent: bool = False  # it took the row over its next threshold: step now
+    anomalies: tuple[Anomaly, ...] = ()  # why it was implausible, if it was
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +136,22 @@ class Intake:
     peers: frozenset[str] = frozenset()
     """The other instances of this shard (high availability): not foreign."""
     window: ClockWindow = _DEFAULT_WINDOW
+    limits: IntakeSettings = field(default_factory=IntakeSettings)
     messages_in: int = 0
     drops: DropLog = field(default_factory=lambda: DropLog(logger=_log))
     skewed: DropLog = field(default_factory=lambda: DropLog("clock_skew_noted", logger=_log))
+    implausible: Counter[str] = field(default_factory=Counter)
+    """Implausible telemetry by reason (``rollup.Anomaly``), since start."""
     _meters: dict[str, str] = field(default_factory=dict)  # topic -> row
     _cdu_topics: dict[str, str] = field(default_factory=dict)  # topic -> CDU id
     _controls: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # topic -> scope
+    # Admission, keyed by configured names only (nodes of the topology, meter and CDU
+    # topics), created on first use: bounded by the configuration, never by the network.
+    _buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict)
+    _warnings: RateGate = field(init=False)
 
     def __post_init__(self) -> None:
+        self._warnings = RateGate(self.limits.warn_every_s)
         for name, tracker in self.trackers.items():
             topic = tracker.spec.meter_topic or self.topics.meter(self.site, name)
             self._meters[topic] = name
@@ -146,17 +168,37 @@ class Intake:
         return self.drops.counts
 
     def subscriptions(self) -> list[tuple[str, int]]:
-        """The topic filters this aggregator needs (its rows only, never ``#``)."""
+        """The topic filters of the control connection: the owned rows' control (a
+        previous run's, a peer's), which only aggregators may write (never ``#``)."""
         subs: list[tuple[str, int]] = []
         root = self.topics.root
         for row in self.trackers:
-            for channel in ("telemetry", "status", "events"):
-                subs.append((f"{root}/{self.site}/{row}/+/+/{channel}", 1))
             subs.append((self.topics.row_control(self.site, row), 1))
             subs.append((f"{root}/{self.site}/{row}/+/control", 1))
-        subs.extend((topic, 0) for topic in self._meters)
-        subs.extend((topic, 0) for topic in self._cdu_topics)
         return subs
+
+    def source_subscriptions(self) -> list[tuple[str, int]]:
+        """The meters' and CDUs' topics: a connection of their own (their credentials are
+        not the aggregators', and must not be able to delay control)."""
+        return [(topic, 0) for topic in (*self._meters, *self._cdu_topics)]
+
+    def node_subscriptions(self, connections: int) -> list[list[tuple[str, int]]]:
+        """The nodes' topics (telemetry, status, events), spread over ``connections``
+        connections, each node on one (``node_connection``): the broker's queue for a
+        connection is shared by every node on it, so a flood fills one only.
+
+        At QoS 0: a broker that drops QoS 1 messages to a connection whose queue is full
+        (Mosquitto 2.0) stops delivering QoS 1 on it until it reconnects, which a
+        connection that never publishes does not; with clean sessions QoS 1 would promise
+        nothing polca relies on here.
+        """
+        shards: list[list[tuple[str, int]]] = [[] for _ in range(connections)]
+        for name, tracker in self.trackers.items():
+            for node, view in tracker.nodes.items():
+                addr = NodeAddress(self.site, name, view.rack, node)
+                shard = shards[node_connection(node, connections)]
+                shard.extend((self.topics.node(addr, ch), 0) for ch in _NODE_CHANNELS)
+        return shards
 
     def handle(self, message: InMessage, now_s: float) -> Accepted | None:
         """Apply one message to its row, or count and drop it; what to route on. Never raises.
@@ -180,8 +222,12 @@ class Intake:
             )
             return None
         if message.topic in self._meters:
+            if not self._admit(message.topic, "source", message, now_s):
+                return None
             return METER_URGENT if self._meter(message, now_s) else None
         if message.topic in self._cdu_topics:
+            if not self._admit(message.topic, "source", message, now_s):
+                return None
             return self._cdu(message, now_s)
         if message.topic in self._controls:
             return self._control(message)
@@ -196,6 +242,9 @@ class Intake:
                 "topology", topic=message.topic, detail="node not in this aggregator's topology"
             )
             return None
+        kind = "telemetry" if channel == "telemetry" else "messages"
+        if not self._admit(addr.node, kind, message, now_s, tracker.nodes[addr.node]):
+            return None
         if not message.payload:
             return None  # a retained message being cleared
         if channel == "telemetry":
@@ -203,19 +252,31 @@ class Intake:
             check_identity("node", payload=telemetry.node, topic=addr.node)
             _not_retained(message, "telemetry")
             telemetry = self._trusted(telemetry, message, channel)
-            urgent = tracker.ingest_telemetry(addr.node, telemetry, now_s)
-            return TelemetryIn(addr.row, addr.rack, addr.node, telemetry, urgent)
+            ingested = tracker.ingest_telemetry(addr.node, telemetry, now_s)
+            if ingested.anomalies:
+                self._implausible(addr.row, addr.node, telemetry, ingested.anomalies, now_s)
+            return TelemetryIn(
+                addr.row,
+                addr.rack,
+                addr.node,
+                ingested.telemetry,
+                ingested.urgent,
+                ingested.anomalies,
+            )
         if channel == "status":
             status = decode(message.payload, Status)
             check_identity("node", payload=status.node, topic=addr.node)
             tracker.ingest_status(addr.node, status)
-            if status.state == "offline":
+            if status.state == "offline" and (
+                times := self._warnings.admit(f"offline:{addr.node}", now_s)
+            ):
                 _log.warning(
                     "node_offline",
                     row=addr.row,
                     rack=addr.rack,
                     node=addr.node,
                     reason=status.reason,
+                    times=times,
                 )
             return None
         if channel == "events":
@@ -228,6 +289,68 @@ class Intake:
             return None
         self.drops.drop("topology", topic=message.topic, detail=f"{channel} is not read here")
         return None
+
+    def _admit(
+        self,
+        source: str,
+        kind: str,
+        message: InMessage,
+        now_s: float,
+        view: NodeView | None = None,
+    ) -> bool:
+        """Whether ``source`` (a node, or a meter or CDU topic) may send this message now.
+
+        One bucket per source and kind, and one of payload bytes per source; refused
+        messages are counted (``rate_limited``, and per source) and cost no decoding.
+        """
+        limits = self.limits
+        bucket = self._buckets.get((source, kind))
+        if bucket is None:
+            rate, burst = {
+                "telemetry": (limits.telemetry_per_s, limits.telemetry_burst),
+                "messages": (limits.messages_per_s, limits.messages_burst),
+                "source": (limits.source_per_s, limits.source_burst),
+            }[kind]
+            bucket = self._buckets[(source, kind)] = TokenBucket(rate, burst)
+        volume = self._buckets.get((source, "bytes"))
+        if volume is None:
+            volume = TokenBucket(limits.bytes_per_s, limits.bytes_burst)
+            self._buckets[(source, "bytes")] = volume
+        if bucket.take(1, now_s) and volume.take(len(message.payload), now_s):
+            return True
+        if view is not None:
+            view.rate_limited += 1
+        self.drops.drop(
+            "rate_limited", topic=message.topic, detail=f"{source} over its {kind} rate"
+        )
+        return False
+
+    def _implausible(
+        self,
+        row: str,
+        node: str,
+        telemetry: Telemetry,
+        anomalies: tuple[Anomaly, ...],
+        now_s: float,
+    ) -> None:
+        """Count an implausible reading; warn at most once per node per interval."""
+        self.implausible.update(anomalies)
+        times = self._warnings.admit(f"implausible:{node}", now_s)
+        if not times:
+            return
+        view = self.trackers[row].nodes[node]
+        _log.warning(
+            "telemetry_implausible",
+            row=row,
+            node=node,
+            reasons=list(anomalies),
+            claimed_gpu_w=telemetry.node_gpu_power_w,
+            gpus_listed=len(telemetry.gpus),
+            gpus_allowed=view.gpu_count,
+            gpu_bound_w=view.gpu_bound_w,
+            counted_w=round(view.counted_w, 1),
+            times=times,
+        )
 
     def _trusted(self, message: _Stamped, raw: InMessage, channel: str) -> _Stamped:
         """The message, re-stamped with its receipt time when its own stamp is skewed."""
@@ -267,6 +390,11 @@ class Intake:
             )
             return None
         return RetainedControl(control) if message.retain else None
+
+
+def node_connection(node: str, connections: int) -> int:
+    """Which of ``connections`` intake connections carries ``node``'s topics (stable)."""
+    return zlib.crc32(node.encode()) % connections
 
 
 def _not_retained(message: InMessage, what: str) -> None:

@@ -21,6 +21,7 @@ from polca.cooling.supervisor import LoopAssessment
 from polca.policy import LoadedPolicy
 from polca.telemetry.bus import OutMessage
 from polca.telemetry.schema import (
+    MAX_PAYLOAD_BYTES,
     CoolingAlarm,
     CoolingLoopState,
     Event,
@@ -135,9 +136,25 @@ def summary(topics: Topics, *, site: str, issuer: str, row: RowResult, now_ns: i
         ),
         offline_nodes=rollup.offline_nodes,
         stale_nodes=rollup.stale_nodes,
+        implausible_nodes=rollup.implausible_nodes,
     )
     topic = topics.row_summary(site, rollup.row)
-    return OutMessage(topic, encode(message), qos=0, retain=True)
+    return OutMessage(topic, _within_wire(message), qos=0, retain=True)
+
+
+def _within_wire(message: RowSummary) -> bytes:
+    """The summary encoded within ``MAX_PAYLOAD_BYTES``: a row of thousands of nodes with
+    long names, most of them offline, would not fit (and the broker would drop the
+    connection that sent it), so its node lists, then its racks, are halved until it
+    does, and it says so (``truncated``)."""
+    payload = encode(message)
+    lists = ("offline_nodes", "stale_nodes", "implausible_nodes", "racks")
+    while len(payload) > MAX_PAYLOAD_BYTES:
+        longest = max(lists, key=lambda name: len(getattr(message, name)))
+        kept = getattr(message, longest)
+        message = message.model_copy(update={longest: kept[: len(kept) // 2], "truncated": True})
+        payload = encode(message)
+    return payload
 
 
 def policy_bundles(
@@ -196,4 +213,8 @@ def event(
     except ValidationError as exc:
         _log.warning("event_not_published", event_name=name, error=str(exc)[:400])
         return None
-    return OutMessage(topics.aggregator(site, instance, "events"), encode(message), qos=1)
+    payload = encode(message)
+    if len(payload) > MAX_PAYLOAD_BYTES:  # the broker would drop the connection sending it
+        _log.warning("event_not_published", event_name=name, error=f"{len(payload)} bytes")
+        return None
+    return OutMessage(topics.aggregator(site, instance, "events"), payload, qos=1)

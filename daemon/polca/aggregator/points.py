@@ -75,12 +75,60 @@ def control_point_from(control: Control, *, site: str, brakes: int | None = None
     )
 
 
+NODE_EVENT_KINDS: Final[frozenset[str]] = frozenset(
+    {
+        "cap_changed",
+        "cap_failed",
+        "cap_reasserted",
+        "clock_skew_cleared",
+        "clock_skew_detected",
+        "fail_safe_entered",
+        "fail_safe_left",
+        "gpu_lost",
+        "gpu_recovered",
+        "gpu_xid",
+        "policy_applied",
+        "policy_rejected",
+    }
+)
+"""The event names polca's agent publishes (``AgentCore.event``): the only ``kind`` tags a
+node's event gets.
+
+Why: a tag value is a series, and a node's credentials let it publish any schema-valid name;
+each new one would be a new series in the database (and an annotation that looks like
+polca's own). Any other name becomes ``OTHER_EVENT_KIND``, the name kept in the fields.
+``tests/aggregator/test_points_events.py`` fails when the agent publishes a name not here.
+The aggregator's own ``level_changed`` points have their own builder
+(``level_changed_point``); a node cannot claim that kind."""
+
+OTHER_EVENT_KIND: Final = "other"
+"""The ``kind`` of a node's event whose name is not in ``NODE_EVENT_KINDS``."""
+
+_UNKNOWN_NAME_MAX_CHARS: Final = 64
+"""An unknown event name in an event's text, in characters (the wire allows 128)."""
+_NAME_MAX_CHARS: Final = 128
+"""An unknown event name in an event's detail (``event``), in characters (the wire's bound)."""
+
+
 def event_point(event: Event, *, site: str, row: str, rack: str) -> Point:
-    """An ``event`` point: ``text`` is a one-line summary for annotations, ``detail`` JSON."""
+    """An ``event`` point: ``text`` is a one-line summary for annotations, ``detail`` JSON.
+
+    ``kind`` is the event's name when polca's agent publishes it (``NODE_EVENT_KINDS``), else
+    ``other``: then the name is in ``text`` (cut to 64 characters) and in ``detail`` as
+    ``event`` (cut to 128), never in a tag.
+    """
+    name = event.event
     detail = dict(event.detail)
     if event.uuid is not None:
         detail.setdefault("uuid", event.uuid)
-    text = f"{event.node}: {event.event}"
+    if name in NODE_EVENT_KINDS:
+        kind = name
+    else:
+        kind = OTHER_EVENT_KIND
+        detail["event"] = name[:_NAME_MAX_CHARS]  # over any "event" key the node sent
+        if len(name) > _UNKNOWN_NAME_MAX_CHARS:
+            name = name[: _UNKNOWN_NAME_MAX_CHARS - 1] + "…"
+    text = f"{event.node}: {name}"
     if event.gpu is not None:
         text += f" gpu {event.gpu}"
     scalars = [
@@ -95,7 +143,7 @@ def event_point(event: Event, *, site: str, row: str, rack: str) -> Point:
     return make_point(
         "event",
         ts_ns=event.ts_ns,
-        tags={"site": site, "row": row, "rack": rack, "node": event.node, "kind": event.event},
+        tags={"site": site, "row": row, "rack": rack, "node": event.node, "kind": kind},
         fields={
             "text": text,
             "gpu": event.gpu,
@@ -110,12 +158,16 @@ def aggregator_point(
     site: str,
     instance: str,
     dropped: Mapping[str, int] | None = None,
+    implausible: Mapping[str, int] | None = None,
     **fields: FieldValue | None,
 ) -> Point:
-    """An ``aggregator`` health point; ``dropped`` maps a reason to its ``dropped_<reason>``."""
+    """An ``aggregator`` health point; ``dropped`` maps a reason to its ``dropped_<reason>``,
+    ``implausible`` to its ``implausible_<reason>``."""
     all_fields: dict[str, FieldValue | None] = dict(fields)
     for reason, count in (dropped or {}).items():
         all_fields[f"dropped_{reason}"] = count
+    for reason, count in (implausible or {}).items():
+        all_fields[f"implausible_{reason}"] = count
     return make_point(
         "aggregator",
         ts_ns=ts_ns,
@@ -327,15 +379,25 @@ def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
                 outbox_dropped=t.health.outbox_dropped if t else None,
                 control_rejected=t.health.control_rejected if t else None,
                 gpu_errors=t.health.gpu_errors if t else None,
+                implausible=float(node.implausible),
+                implausible_readings=node.implausible_readings,
+                rate_limited=node.rate_limited,
             )
         )
     return out
 
 
 def aggregator_point_of(
-    intake: Intake, stats: SinkStats, *, site: str, instance: str, ts_ns: int
+    intake: Intake,
+    stats: SinkStats,
+    *,
+    site: str,
+    instance: str,
+    ts_ns: int,
+    step_failures: int = 0,
 ) -> Point:
-    """The aggregator's own health: messages in and dropped by reason, the sinks' counters."""
+    """The aggregator's own health: messages in and dropped by reason, implausible
+    telemetry by reason, failed control steps, the sinks' counters."""
     return aggregator_point(
         ts_ns=ts_ns,
         site=site,
@@ -346,5 +408,7 @@ def aggregator_point_of(
         points_dropped=stats.points_dropped,
         points_spooled=stats.points_spooled,
         spool_bytes=stats.spool_bytes,
+        control_step_failures=step_failures,
         dropped=dict(intake.dropped),
+        implausible=dict(intake.implausible),
     )

@@ -13,7 +13,13 @@ each control interval. How a node counts:
   still draw power: counting it at its limits errs on the side of capping.
 
 A node's GPU power is the larger of its reported sum and the sum of its GPUs' readings, so a
-node cannot under-report by contradicting itself. A fresh meter reading (``meter_topic``)
+node cannot under-report by contradicting itself. Nor can it over-report beyond what it can
+draw (``Plausibility``): its GPU count and per-GPU maximum are fixed by the topology
+(``gpus``, ``gpu_max_power_w``) or its first telemetry (cut to the site's maxima); a
+reading above that bound, or above a declared ``nameplate_w``, is implausible and counted at
+the bound (never below its last plausible reading: fail safe, not open); GPUs beyond the
+count, or new GPU identities beyond twice the count, are cut from the message. The same
+bound holds an offline or stale node's last claim. A fresh meter reading (``meter_topic``)
 replaces the computed row power, unless it is implausible: below ``meter_min_fraction`` of
 the GPU power the row's fresh nodes report (a meter cannot read less than the GPUs it
 feeds draw), the reading is not trusted to uncap the row; the computed power is used and
@@ -28,11 +34,44 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from polca.aggregator.config import NodeSpec, RowSpec
+from polca.aggregator.config import IntakeSettings, NodeSpec, RowSpec
 from polca.policy import trend
-from polca.telemetry.schema import Meter, Status, Telemetry
+from polca.telemetry.schema import GpuTelemetry, Meter, Status, Telemetry
 
 NodeHealth = Literal["fresh", "stale", "offline", "unknown"]
+Anomaly = Literal["power", "gpu_list", "gpu_identity"]
+"""Why a telemetry message was implausible: a claim above the node's bound (``power``),
+more GPUs than the node has (``gpu_list``), or GPU identities beyond what it can have
+(``gpu_identity``: new indices or UUIDs, or one index listed twice)."""
+IDENTITIES_PER_GPU = 2
+"""Distinct (index, UUID) pairs a node may use per GPU over an aggregator's life: room for
+a GPU replaced in maintenance, none for a stream of invented ones (each a new series)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plausibility:
+    """What a node can draw, when its topology does not say (``IntakeSettings``)."""
+
+    max_gpus_per_node: int
+    max_gpu_power_w: float
+    headroom_fraction: float
+
+    @classmethod
+    def of(cls, intake: IntakeSettings | None = None) -> Plausibility:
+        """The bounds the aggregator's intake settings give (their defaults: None)."""
+        intake = intake or IntakeSettings()
+        return cls(intake.max_gpus_per_node, intake.max_gpu_power_w, intake.power_headroom_fraction)
+
+
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """One telemetry message taken by a row: what it crossed and what was wrong with it."""
+
+    telemetry: Telemetry
+    """As counted: GPUs the node cannot have are cut out."""
+    urgent: bool = False
+    """It took the row over the armed threshold (``RowTracker.arm``)."""
+    anomalies: tuple[Anomaly, ...] = ()
 
 
 @dataclass(slots=True)
@@ -47,6 +86,13 @@ class NodeView:
     limits_w: float | None = None  # sum of the GPUs' enforced limits, last telemetry
     gpu_power_w: float = 0.0  # the larger of the reported sum and the GPUs' own readings
     counted_w: float = 0.0  # its share of the row's power estimate between steps
+    gpu_count: int | None = None  # GPUs it may list: the topology's, or its first report's
+    gpu_bound_w: float | None = None  # the most its GPUs together can draw (with headroom)
+    identities: set[tuple[int, str]] = field(default_factory=set)  # (index, uuid) seen
+    implausible_s: float | None = None  # when its last implausible telemetry came
+    implausible_readings: int = 0  # implausible telemetry messages since start
+    plausible_gpu_w: float = 0.0  # its last plausible GPU power
+    rate_limited: int = 0  # its messages the intake refused (admission), since start
 
     def nameplate_w(self) -> float:
         """The conservative power of this node when its telemetry cannot be trusted."""
@@ -54,7 +100,19 @@ class NodeView:
             return self.spec.nameplate_w
         if self.limits_w is None:
             return 0.0
-        return self.limits_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
+        return self._node_w(self.limits_w)
+
+    def _node_w(self, gpu_w: float) -> float:
+        """Node power from GPU power: the non-GPU share added, within the plausible bound."""
+        gpu_w = min(gpu_w, max(self.gpu_bound_w or 0.0, self.plausible_gpu_w))
+        power_w = gpu_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
+        if self.spec.nameplate_w is not None:
+            power_w = min(power_w, self.spec.nameplate_w)
+        return power_w
+
+    def implausible(self, now_s: float, within_s: float) -> bool:
+        """Whether it sent implausible telemetry within the last ``within_s``."""
+        return self.implausible_s is not None and now_s - self.implausible_s <= within_s
 
     def health(self, now_s: float, stale_after_s: float) -> NodeHealth:
         """fresh, stale, offline or unknown at ``now_s``."""
@@ -70,7 +128,72 @@ class NodeView:
         """The node's power as counted in its health state."""
         if health != "fresh" or self.telemetry is None:
             return self.nameplate_w()
-        return self.gpu_power_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
+        return self._node_w(self.gpu_power_w)
+
+    def learn(self, gpus: tuple[GpuTelemetry, ...], bounds: Plausibility) -> None:
+        """Fix the GPU count and per-GPU bound from the topology or the first report."""
+        count = self.spec.gpus or min(len(gpus), bounds.max_gpus_per_node)
+        if count == 0:
+            return  # nothing to learn from a report without GPUs: the next one
+        per_gpu_w = self.spec.gpu_max_power_w
+        if per_gpu_w is None:
+            reported = [g.power_limit_max_w for g in gpus if g.power_limit_max_w is not None]
+            per_gpu_w = min(max(reported, default=bounds.max_gpu_power_w), bounds.max_gpu_power_w)
+        self.gpu_count = count
+        self.gpu_bound_w = count * per_gpu_w * (1 + bounds.headroom_fraction)
+
+    def admit_gpus(
+        self, gpus: tuple[GpuTelemetry, ...]
+    ) -> tuple[tuple[GpuTelemetry, ...], list[Anomaly]]:
+        """The GPUs of one report the node can have, and what was cut (and why).
+
+        At most ``gpu_count`` GPUs, each index once, and identities (index, UUID) beyond
+        ``IDENTITIES_PER_GPU`` per GPU refused: a node may not grow its GPU list, nor
+        invent GPUs to create series.
+        """
+        count = self.gpu_count or 0
+        known = self.identities
+        kept: list[GpuTelemetry] = []
+        indices: set[int] = set()
+        anomalies: list[Anomaly] = []
+        for g in gpus:
+            key = (g.index, g.uuid)
+            if len(kept) >= count:
+                anomalies.append("gpu_list")
+                break
+            if g.index in indices or (
+                key not in known and len(known) >= count * IDENTITIES_PER_GPU
+            ):
+                if "gpu_identity" not in anomalies:
+                    anomalies.append("gpu_identity")
+                continue
+            known.add(key)
+            indices.add(g.index)
+            kept.append(g)
+        return tuple(kept), anomalies
+
+
+def _sums(
+    gpus: tuple[GpuTelemetry, ...], identities: set[tuple[int, str]]
+) -> tuple[float, float, bool, bool]:
+    """One pass over a report's GPUs (the intake's hot path): their power, their limits,
+    whether any has a limit, and whether every GPU is a known identity listed once."""
+    gpus_w = 0.0
+    limits_w = 0.0
+    limited = False
+    known = True
+    indices = 0  # a bit per index seen
+    for g in gpus:
+        gpus_w += g.power_mean_w or g.power_w or 0.0
+        limit = g.enforced_power_limit_w or g.power_limit_w
+        if limit is not None:
+            limits_w += limit
+            limited = True
+        bit = 1 << g.index
+        if indices & bit or (g.index, g.uuid) not in identities:
+            known = False
+        indices |= bit
+    return gpus_w, limits_w, limited, known
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +223,7 @@ class RowRollup:
     fresh_nodes: tuple[str, ...]
     stale_nodes: tuple[str, ...]
     offline_nodes: tuple[str, ...]  # offline or never heard from
+    implausible_nodes: tuple[str, ...]  # implausible telemetry within stale_after_s
     gpu_temp_max_c: float | None
     energy_j: float  # GPU energy reported since the aggregator started
     meter_rejected_w: float | None = None  # an implausible meter reading, not used
@@ -115,6 +239,7 @@ class RowTracker:
     """The live state of one row, fed by the intake."""
 
     spec: RowSpec
+    bounds: Plausibility = field(default_factory=Plausibility.of)
     nodes: dict[str, NodeView] = field(default_factory=dict)
     meter_w: float | None = None
     meter_received_s: float | None = None
@@ -152,30 +277,46 @@ class RowTracker:
             return True
         return False
 
-    def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> bool:
-        """Record one telemetry message of a node of this row; True: it crossed (``arm``)."""
+    def ingest_telemetry(self, node: str, telemetry: Telemetry, now_s: float) -> Ingested:
+        """Record one telemetry message of a node of this row, held to what it can draw."""
         view = self.nodes[node]
+        if view.gpu_count is None:
+            view.learn(telemetry.gpus, self.bounds)
+        anomalies: list[Anomaly] = []
+        gpus_w, limits_w, limited, known = _sums(telemetry.gpus, view.identities)
+        if not known or len(telemetry.gpus) > (view.gpu_count or 0):
+            # Not the GPUs it always reports: cut what it cannot have, and count again.
+            gpus, anomalies = view.admit_gpus(telemetry.gpus)
+            if anomalies:
+                telemetry = telemetry.model_copy(update={"gpus": gpus})
+            gpus_w, limits_w, limited, _ = _sums(gpus, view.identities)
         view.telemetry = telemetry
         view.received_s = now_s
         view.status = "online"
-        # One pass over the GPUs (the hot path of the intake): their power, their limits.
-        gpus_w = 0.0
-        limits_w = 0.0
-        limited = False
-        for g in telemetry.gpus:
-            gpus_w += g.power_mean_w or g.power_w or 0.0
-            limit = g.enforced_power_limit_w or g.power_limit_w
-            if limit is not None:
-                limits_w += limit
-                limited = True
-        view.gpu_power_w = max(telemetry.node_gpu_power_w, gpus_w)
+        claimed_w = max(telemetry.node_gpu_power_w, gpus_w)
+        bound_w = view.gpu_bound_w if view.gpu_bound_w is not None else 0.0
+        if claimed_w > max(bound_w, view.plausible_gpu_w) or (
+            view.spec.nameplate_w is not None
+            and claimed_w * (1 + view.spec.non_gpu_factor) + view.spec.non_gpu_w
+            > view.spec.nameplate_w
+        ):
+            anomalies.append("power")
+        else:
+            view.plausible_gpu_w = claimed_w
+        view.gpu_power_w = claimed_w  # counted within the bound (NodeView._node_w)
         if limited:
             view.limits_w = limits_w
-        self.energy_j += telemetry.node_energy_delta_j
+        if anomalies:
+            view.implausible_s = now_s
+            view.implausible_readings += 1
+        # Energy is held to the same bound over the interval the node claims (at most an
+        # hour; the intake admits a few messages per second).
+        bound_j = max(bound_w, view.plausible_gpu_w) * telemetry.interval_s
+        self.energy_j += min(telemetry.node_energy_delta_j, bound_j)
         counted_w = view.power_w("fresh")
         self.estimate_w += counted_w - view.counted_w
         view.counted_w = counted_w
-        return self._crossed(self.estimate_w)
+        return Ingested(telemetry, self._crossed(self.estimate_w), tuple(anomalies))
 
     def ingest_status(self, node: str, status: Status) -> None:
         """Record a node's online/offline status (its Last Will says offline)."""
@@ -259,6 +400,9 @@ class RowTracker:
             fresh_nodes=tuple(sorted(fresh)),
             stale_nodes=tuple(sorted(stale)),
             offline_nodes=tuple(sorted(offline)),
+            implausible_nodes=tuple(
+                sorted(n for n, v in self.nodes.items() if v.implausible(now_s, stale_after_s))
+            ),
             gpu_temp_max_c=max(temps) if temps else None,
             energy_j=self.energy_j,
             meter_rejected_w=rejected,

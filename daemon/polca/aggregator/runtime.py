@@ -5,13 +5,18 @@ points in ``points.py``, the routing of each received message in ``intake.py``; 
 module only moves data between them, the clocks, the bus and the sinks.
 
 Start-up: note the run in the exit record -> load the policy (fatal if invalid) -> make
-the bus (retained status with a Last Will; the owned rows' topics only) -> systemd
-READY=1 -> loops. Connections: ``mqtt`` (the bus; outlives the loops so the final status
-goes out; it hands each received message to ``handle_message`` on arrival, which never
-raises) and ``sinks`` (batched writes). Loops (under ``aiokit.guard``): ``control``
-(every interval, or at once on an urgent reading: a row over its next threshold, a CDU
-points), and ``polca.service``'s side tasks (policy watcher, SIGHUP: an invalid edit is
-reported and never published; the watchdog).
+the buses (the control connection: retained status with a Last Will, the owned rows'
+control in; the node connections: each node's telemetry, status and events on one of
+``intake.connections``, so a node flooding the broker fills only its own connection's
+queue and delays neither control nor most nodes; the sources' connection: meters and
+CDUs) -> systemd READY=1 -> loops. Connections: ``mqtt`` (the control bus; outlives the
+loops so the final status goes out), ``mqtt-nodes-N`` and ``mqtt-sources`` (every bus
+hands each received message to ``handle_message`` on arrival, which never raises) and
+``sinks`` (batched writes). Loops
+(under ``aiokit.guard``): ``control`` (every interval, or at once on an urgent reading: a
+row over its next threshold, a CDU emergency; a step that fails publishes nothing and is
+retried from the last good state), and ``polca.service``'s side tasks (policy watcher,
+SIGHUP: an invalid edit is reported and never published; the watchdog).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from polca.export.sink import FanOut, Sink
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.telemetry.bus import Bus, BusFactory, InMessage, MqttBus, OutMessage
-from polca.telemetry.checks import ClockWindow
+from polca.telemetry.checks import ClockWindow, DropLog
 from polca.telemetry.topics import Topics
 
 
@@ -82,6 +87,7 @@ class Aggregator:
             cdus=tuple(loop.cdu for loop in settings.cooling.loops),
             peers=frozenset(settings.ha.peers) - {settings.instance},
             window=ClockWindow.of_seconds(settings.control.clock_skew_tolerance_s),
+            limits=settings.intake,
         )
         self.exits = ExitRecord(settings.state_dir, clock_ns=clock_ns, logger=self.log)
         self.crash_loop: str | None = None
@@ -89,9 +95,17 @@ class Aggregator:
         self.reload_requested = asyncio.Event()
         self.gate = WatchdogGate()
         self.bus: Bus | None = None
+        """The control connection: control, summaries, status and events out; our rows'
+        control, meters and CDUs in (``start`` makes it)."""
+        self.intake_buses: dict[str, Bus] = {}
+        """The connections that only take messages in: ``nodes-N`` (each node's topics on
+        one), ``sources`` (meters and CDUs)."""
+        self.step_failures = DropLog("control_step_failed", every_s=60.0, logger=self.log)
+        """Control steps that raised (logged with the traceback, at most once a minute)."""
         self.control_wake = asyncio.Event()
         """Set when the control step should run now (an urgent reading), not at the interval."""
         self.schedule = WriteSchedule(settings.influx.write_every_s)
+        self.health_backlog = gpus.HealthBacklog()
         self.leadership = Leadership.standby() if settings.ha.enabled else Leadership()
         self.elector: Elector | None = None
         self._seen_leader: tuple[str | None, int] = (None, 0)
@@ -134,6 +148,9 @@ class Aggregator:
                 "mqtt": self.bus.run(),
                 "sinks": self.sinks.run(),
             }
+            for name, bus in self.intake_buses.items():
+                bus.set_handler(self.handle_message)
+                connections[f"mqtt-{name}"] = bus.run()
             if self.elector is not None:
                 connections["etcd"] = self.elector.run()
             await service.supervise(
@@ -169,15 +186,37 @@ class Aggregator:
             raise PolicyError(msg, problems=result.errors)
         if not self.settings.rows:
             self.log.warning("no_rows_configured", hint="add rows: to the configuration")
+        client_id = self.settings.mqtt.client_id or f"polca-aggregator-{self.settings.instance}"
+        # Control, meters and CDUs on one connection, the nodes' topics on others: the broker
+        # queues per connection, so a node flooding its topics delays neither the control
+        # this one publishes (nor its acknowledgements and keepalive) nor most other nodes.
         self.bus = self.bus_factory(
             self.settings.mqtt,
-            client_id=self.settings.mqtt.client_id or f"polca-aggregator-{self.settings.instance}",
+            client_id=client_id,
             will=self._status_message("offline", reason="connection lost"),
             subscriptions=self.intake.subscriptions(),
             birth=lambda: [self._status_message("online"), *self._policy_messages()],
             clock_ns=self.clock_ns,
             mono_ns=self.mono_ns,
         )
+        shards = {
+            f"nodes-{index}": subscriptions
+            for index, subscriptions in enumerate(
+                self.intake.node_subscriptions(self.settings.intake.connections)
+            )
+        }
+        shards["sources"] = self.intake.source_subscriptions()
+        self.intake_buses = {
+            name: self.bus_factory(
+                self.settings.mqtt,
+                client_id=f"{client_id}-{name}",
+                subscriptions=subscriptions,
+                clock_ns=self.clock_ns,
+                mono_ns=self.mono_ns,
+            )
+            for name, subscriptions in shards.items()
+            if subscriptions
+        }
         self.rows.start(now_s)
         ha = self.settings.ha
         if ha.enabled:
@@ -222,6 +261,12 @@ class Aggregator:
         # Control messages stay retained: agents keep the last level until the lease ends,
         # then apply their fail-safe caps (a restarted aggregator takes over from them).
         await self.sinks.close(timeout_s=5.0)
+        for bus in self.intake_buses.values():
+            try:
+                async with asyncio.timeout(1.0):
+                    await bus.close()
+            except TimeoutError:
+                self.log.warning("intake_connection_not_closed")
         if self.bus is not None:
             try:
                 async with asyncio.timeout(3.0):
@@ -310,11 +355,17 @@ class Aggregator:
             if not self.sinks or self.leadership.role == "standby":
                 return  # a standby writes no series of the rows: the leader does
             t = accepted.telemetry
-            # Health counters come on change and every agent.health_every_s: never thinned.
-            health = gpus.gpu_health_points(t, site=site, row=accepted.row, rack=accepted.rack)
-            if health:
-                self.sinks.write(health)
-            if not self.schedule.due("gpu", accepted.node, self.mono_ns() / 1e9):
+            now_s = self.mono_ns() / 1e9
+            # Health counters come on change and every agent.health_every_s; those within
+            # the node's gpu_health interval wait for its next due message (never lost).
+            if self.health_backlog.add(t) and self.schedule.due("gpu_health", accepted.node, now_s):
+                health = self.health_backlog.take(accepted.node)
+                self.sinks.write(
+                    gpus.gpu_health_points(
+                        t, site=site, row=accepted.row, rack=accepted.rack, health=health
+                    )
+                )
+            if not self.schedule.due("gpu", accepted.node, now_s):
                 return  # per-GPU series are thinned to their write interval
             self.sinks.write(gpus.gpu_points(t, site=site, row=accepted.row, rack=accepted.rack))
         elif isinstance(accepted, EventIn):
@@ -398,42 +449,66 @@ class Aggregator:
             self.gate.beat()
 
     def control_step(self, now_s: float) -> StepResult | None:
-        """Evaluate every owned row (and rack scope) once; publish and write the results."""
-        result = self.rows.step(now_s, self.clock_ns(), self.policy)
-        if result is None:
-            return None  # warming up
-        s = self.settings
-        # Only the leader publishes control and writes the rows' points; a standby decides
-        # as well (its ladders stay warm, corrected by the leader's messages it follows).
-        leading = self.leadership.may_publish(self.mono_ns())
-        if leading:
-            for message in messages.step_messages(
-                self.topics, site=s.site, issuer=s.instance, result=result
-            ):
-                self._publish(message)
-            for _scope, decision in result.decisions():
-                if decision.changed:
-                    self.log.info("level_changed", **decision.audit)
-                    self._event("level_changed", **decision.audit)
-                    self.notifier.status(self._status_line())
-        if self.sinks:
-            # Points need no fencing: a leader cut off from etcd still writes them.
-            writes = self.leadership.role != "standby"
-            out = points.step_points(result, site=s.site, instance=s.instance) if writes else []
-            out.append(
-                points.aggregator_point_of(
-                    self.intake,
-                    self.sinks.stats,
-                    site=s.site,
-                    instance=s.instance,
-                    ts_ns=result.now_ns,
+        """Evaluate every owned row (and rack scope) once; publish and write the results.
+
+        Never raises: a step that fails (whatever the input) is logged with its traceback,
+        counted (``control_step_failed``), undone (``RowControl.restore``) and publishes
+        nothing, not even part of its messages; the next interval tries again from the
+        last good state. Points are built apart, so a failure there loses points only.
+        """
+        checkpoint = self.rows.checkpoint()
+        try:
+            result = self.rows.step(now_s, self.clock_ns(), self.policy)
+            if result is None:
+                return None  # warming up
+            s = self.settings
+            # Only the leader publishes control and writes the rows' points; a standby
+            # decides as well (its ladders stay warm, corrected by the leader's messages).
+            leading = self.leadership.may_publish(self.mono_ns())
+            out: list[OutMessage] = []
+            changed = []
+            if leading:
+                out = list(
+                    messages.step_messages(
+                        self.topics, site=s.site, issuer=s.instance, result=result
+                    )
                 )
-            )
-            # One decision per measurement and step: a step writes all its series or none.
-            due = {m: self.schedule.due(m, "", now_s) for m in {p.measurement for p in out}}
-            out = [p for p in out if due[p.measurement]]
-            self.sinks.write(out)
+                changed = [d for _scope, d in result.decisions() if d.changed]
+        except Exception as exc:  # no input may stop the control loop
+            self.rows.restore(checkpoint)
+            self.step_failures.drop(type(exc).__name__, exc=exc, topic="", detail=repr(exc))
+            return None
+        for message in out:
+            self._publish(message)
+        for decision in changed:
+            self.log.info("level_changed", **decision.audit)
+            self._event("level_changed", **decision.audit)
+            self.notifier.status(self._status_line())
+        if self.sinks:
+            try:
+                self._write_step_points(result, now_s)
+            except Exception as exc:  # points are not worth a control step
+                self.step_failures.drop("points", exc=exc, topic="", detail=repr(exc))
         return result
+
+    def _write_step_points(self, result: StepResult, now_s: float) -> None:
+        s = self.settings
+        # Points need no fencing: a leader cut off from etcd still writes them.
+        writes = self.leadership.role != "standby"
+        out = points.step_points(result, site=s.site, instance=s.instance) if writes else []
+        out.append(
+            points.aggregator_point_of(
+                self.intake,
+                self.sinks.stats,
+                site=s.site,
+                instance=s.instance,
+                ts_ns=result.now_ns,
+                step_failures=self.step_failures.total,
+            )
+        )
+        # One decision per measurement and step: a step writes all its series or none.
+        due = {m: self.schedule.due(m, "", now_s) for m in {p.measurement for p in out}}
+        self.sinks.write([p for p in out if due[p.measurement]])
 
     # ------------------------------------------------------------------ policy
 

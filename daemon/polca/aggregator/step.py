@@ -9,6 +9,11 @@ with the control message that renews the agents' lease) and the cooling assessme
 The shell (``runtime.py``) publishes the result (``messages.py``) and writes its points
 (``points.py``); nothing here touches MQTT, a database or a clock (time comes in).
 
+A step is a transaction: ``checkpoint`` before it and ``restore`` after a failure put back
+every controller's ladder and sequence and the cooling supervisor's alarms, so a step that
+raised half-way (whatever the input) decides nothing, and the next one starts from the last
+good state; the shell publishes a step's messages only once all of them were built.
+
 During ``control.warmup_s`` after ``start`` nothing is decided until every node has
 reported, so a restarted aggregator never uncaps a row for lack of data; ``seed`` takes
 the retained control of a previous run (clamped into the policy's levels) before that.
@@ -16,6 +21,7 @@ the retained control of a previous run (clamped into the policy's levels) before
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,12 +31,15 @@ import structlog
 
 from polca.aggregator.config import AggregatorSettings, RowSpec
 from polca.aggregator.controller import ScopeController, ScopeDecision
-from polca.aggregator.rollup import NodeHealth, RowRollup, RowTracker
+from polca.aggregator.rollup import NodeHealth, Plausibility, RowRollup, RowTracker
 from polca.cooling.budgets import effective_rack_budgets, effective_row_budget_w
 from polca.cooling.supervisor import CoolingStep, CoolingSupervisor
 from polca.policy import LoadedPolicy
 from polca.telemetry.checks import DropLog
 from polca.telemetry.schema import CduTelemetry, Control, Telemetry
+
+_AUDIT_NODES = 32
+"""Node names a level change's audit record lists per kind (with the counts of all)."""
 
 Scope = tuple[str, str | None]
 """(row, rack), rack None for the row scope."""
@@ -55,6 +64,9 @@ class NodeResult:
     health: NodeHealth
     power_w: float  # as counted in its health state
     telemetry: Telemetry | None  # the last received, fresh or not
+    implausible: bool = False  # implausible telemetry within control.stale_after_s
+    implausible_readings: int = 0  # implausible telemetry since start
+    rate_limited: int = 0  # messages refused by admission since start
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +98,16 @@ class StepResult:
                 yield (row.spec.name, rack), decision
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The decision state before a step (``RowControl.checkpoint``)."""
+
+    controllers: Mapping[Scope, ScopeController]
+    cooling: CoolingSupervisor
+    warm: bool
+    last: StepResult | None
+
+
 class RowControl:
     """The rows one aggregator owns, their controllers and cooling loops."""
 
@@ -93,7 +115,8 @@ class RowControl:
         """Trackers and controllers for every owned row; nothing decided before ``start``."""
         self.settings = settings
         self.log: Any = log if log is not None else structlog.get_logger()
-        self.trackers = {row.name: RowTracker(row) for row in settings.rows}
+        bounds = Plausibility.of(settings.intake)
+        self.trackers = {row.name: RowTracker(row, bounds) for row in settings.rows}
         self.cooling = CoolingSupervisor(settings.cooling)
         self.controllers: dict[Scope, ScopeController] = {}
         for row in settings.rows:
@@ -116,6 +139,22 @@ class RowControl:
             issuer=self.settings.instance,
             epoch_ns=epoch_ns,
         )
+
+    def checkpoint(self) -> Checkpoint:
+        """What a step changes, to put back if it fails (``restore``)."""
+        return Checkpoint(
+            controllers={key: copy.copy(c) for key, c in self.controllers.items()},
+            cooling=copy.deepcopy(self.cooling),
+            warm=self.warm,
+            last=self.last,
+        )
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Undo a failed step: ladders, sequences and cooling as they were before it."""
+        self.controllers = dict(checkpoint.controllers)
+        self.cooling = checkpoint.cooling
+        self.warm = checkpoint.warm
+        self.last = checkpoint.last
 
     def start(self, now_s: float) -> None:
         """The aggregator started at ``now_s`` (the warm-up counts from here)."""
@@ -245,8 +284,12 @@ class RowControl:
             loaded=loaded,
             inputs={
                 "power_source": rollup.power_source,
-                "stale_nodes": list(rollup.stale_nodes),
-                "offline_nodes": list(rollup.offline_nodes),
+                # The first few names, and how many: an audit record stays small.
+                "stale_nodes": list(rollup.stale_nodes[:_AUDIT_NODES]),
+                "offline_nodes": list(rollup.offline_nodes[:_AUDIT_NODES]),
+                "implausible_nodes": list(rollup.implausible_nodes[:_AUDIT_NODES]),
+                "nodes_stale": len(rollup.stale_nodes),
+                "nodes_offline": len(rollup.offline_nodes),
                 "provisioned_budget_w": row.budget_w,
             },
         )
@@ -285,7 +328,16 @@ class RowControl:
         for view in tracker.nodes.values():
             health = view.health(now_s, ctl.stale_after_s)
             nodes.append(
-                NodeResult(view.spec.name, view.rack, health, view.power_w(health), view.telemetry)
+                NodeResult(
+                    view.spec.name,
+                    view.rack,
+                    health,
+                    view.power_w(health),
+                    view.telemetry,
+                    implausible=view.implausible(now_s, ctl.stale_after_s),
+                    implausible_readings=view.implausible_readings,
+                    rate_limited=view.rate_limited,
+                )
             )
         return RowResult(row, rollup, trend, decision, rack_decisions, budgets, tuple(nodes))
 

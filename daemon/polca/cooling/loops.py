@@ -33,7 +33,7 @@ SEVERITIES: tuple[Severity, ...] = ("warning", "degraded", "critical")
 
 _RANK: dict[Severity, int] = {"warning": 1, "degraded": 2, "critical": 3}
 
-_NAME = r"^[A-Za-z0-9_.:-]+$"
+_NAME = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 
 class _Model(BaseModel):

@@ -1,5 +1,6 @@
 """The points of a node's telemetry message: one ``gpu`` point per GPU, and a ``gpu_health``
-point per GPU whose health counters came with it (pure).
+point per GPU whose health counters came with it (pure); ``HealthBacklog`` keeps the
+counters whose write interval had not passed for the node's next due message.
 
 Shared by the aggregator (every sink: InfluxDB, Prometheus) and the agent (its own
 ``/metrics``), so the two paths name and type every GPU reading the same way.
@@ -100,3 +101,29 @@ def gpu_health_points(
         tags = (_INDEX_TEXT[gpu.index], gpu.uuid, gpu.name, node, rack, row, site)
         out.append(point(tags, values, ts_ns))
     return out
+
+
+class HealthBacklog:
+    """The newest health counters of each node's GPUs that are not written yet.
+
+    ``gpu_health`` points obey a write interval per node (``export/schedule.py``): counters
+    that arrive before it has passed wait here and go with the node's next due message,
+    so a change (a new XID, an ECC error) is late by at most one interval, never lost,
+    however often a node sends them. Bounded: nodes of the topology (the intake admits no
+    other), GPU indices below 1024.
+    """
+
+    def __init__(self) -> None:
+        """Nothing pending."""
+        self._pending: dict[str, dict[int, GpuHealthReport]] = {}
+
+    def add(self, telemetry: Telemetry) -> bool:
+        """Keep the counters a message carries; whether any wait for its node."""
+        reports = {g.index: g.health for g in telemetry.gpus if g.health is not None}
+        if reports:
+            self._pending.setdefault(telemetry.node, {}).update(reports)
+        return telemetry.node in self._pending
+
+    def take(self, node: str) -> dict[int, GpuHealthReport]:
+        """The counters waiting for ``node`` (by GPU index), now written."""
+        return self._pending.pop(node, {})

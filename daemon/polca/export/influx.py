@@ -11,7 +11,8 @@ What it must not do: retry bad data forever, grow without bound, or block the ev
 the network. The rules, each counted in ``stats`` and logged:
 
 - A batch goes out when ``batch_size`` points wait or ``flush_interval_s`` after the first
-  of them arrived. One request at a time, oldest data first (the spool before memory).
+  of them arrived. One request at a time, oldest data first (the spool before memory;
+  essential points before bulk ones, below).
 - Connection errors, timeouts, HTTP 5xx, 429, 408, and 401/403/404 (credentials, URL,
   database: an operator fixes those, the data is fine) are an *outage*: the batch is kept,
   the next try waits a jittered, doubling delay from ``retry_min_s`` to ``retry_max_s``
@@ -27,6 +28,15 @@ the network. The rules, each counted in ``stats`` and logged:
   spills to the spool when it nears ``max_buffer_points`` while the database is slow. Beyond
   ``spool_max_mb`` the oldest segments are deleted and their points counted as dropped;
   without a spool, memory holds ``max_buffer_points`` and the oldest points are dropped.
+- Points come in two classes (``points.py`` ``ESSENTIAL_MEASUREMENTS``: rows, racks,
+  nodes, control, cooling, leadership, the aggregator's health; the rest is *bulk*: per-GPU
+  series, GPU health, agent reports, events, whose volume the nodes set). Memory holds one
+  queue per class under the one ``max_buffer_points`` bound, and the spool one kind of
+  segment per class under the one ``spool_max_mb`` bound: both evict bulk points first, so
+  essential points are lost only when they alone exceed a bound. A batch sends essential
+  lines first; within a class, oldest first. Drops of bulk points are counted as
+  ``memory_full_bulk`` and ``spool_full_bulk``, of essential ones as ``memory_full`` and
+  ``spool_full``.
 - ``close`` spends at most ``timeout_s``: it sends what is in memory if the database is
   reachable and spools the rest (or, without a spool, drops and counts it).
 
@@ -39,6 +49,8 @@ leftovers of a crash or a full disk) is counted and logged here, never fatal. Se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import os
 import time
 from collections import deque
@@ -50,6 +62,7 @@ import structlog
 
 from polca import aiokit
 from polca.errors import BatchRejectedError, ConfigError, InfluxUnavailableError
+from polca.export.points import ESSENTIAL_MEASUREMENTS
 from polca.export.sink import SinkStats
 from polca.export.spool import Spool
 from polca.export.transport import PRECISION, Transport, V1Transport, V2Transport, redacted
@@ -107,6 +120,24 @@ async def _in_thread(function: Callable[..., _T], *args: Any) -> _T:
         raise
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Lines:
+    """Lines taken from memory for one batch: essential ones (sent first), then bulk ones."""
+
+    essential: list[bytes]
+    bulk: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.essential) + len(self.bulk)
+
+    def __bool__(self) -> bool:
+        return bool(self.essential or self.bulk)
+
+    def body(self) -> bytes:
+        """The request body: one line of line protocol per point, essential ones first."""
+        return b"\n".join(self.essential + self.bulk)
+
+
 class InfluxSink:
     """Batches, retries and spools points into InfluxDB (v2 or v1 write API).
 
@@ -129,7 +160,9 @@ class InfluxSink:
         self._token = token
         self._clock = clock
         self._log_context = {"sink": "influx", "url": redacted(settings.url), "api": settings.api}
-        self._memory: deque[bytes] = deque()
+        # Lines waiting in memory, oldest first: essential ones, and bulk ones (evicted first).
+        self._essential: deque[bytes] = deque()
+        self._bulk: deque[bytes] = deque()
         self._oldest_at: float | None = None
         self._wake = asyncio.Event()
         self._finished = asyncio.Event()
@@ -173,7 +206,8 @@ class InfluxSink:
         if self._closing:
             self._drop("closed", len(points))
             return
-        was_empty = not self._memory
+        was_empty = not self._buffered
+        essential, bulk = self._essential, self._bulk
         invalid = 0
         for point in points:
             try:
@@ -182,15 +216,20 @@ class InfluxSink:
                 invalid += 1  # a value line protocol cannot carry: a caller's bug
                 continue
             if line:
-                self._memory.append(line)
+                (essential if point.measurement in ESSENTIAL_MEASUREMENTS else bulk).append(line)
         self._drop("invalid", invalid)
-        if not self._memory:
+        if not self._buffered:
             return
         if was_empty:
             self._oldest_at = self._clock()
         self._enforce_memory_bound()
-        if was_empty or len(self._memory) >= self._settings.batch_size:
+        if was_empty or self._buffered >= self._settings.batch_size:
             self._wake.set()
+
+    @property
+    def _buffered(self) -> int:
+        """Lines waiting in memory, of both classes."""
+        return len(self._essential) + len(self._bulk)
 
     @property
     def stats(self) -> SinkStats:
@@ -199,6 +238,8 @@ class InfluxSink:
         dropped = dict(self._dropped)
         if spool is not None and spool.evicted_points:
             dropped["spool_full"] = spool.evicted_points
+        if spool is not None and spool.evicted_bulk_points:
+            dropped["spool_full_bulk"] = spool.evicted_bulk_points
         if spool is not None and spool.unreadable_points:
             dropped["spool_unreadable"] = spool.unreadable_points
         if spool is not None and spool.corrupt_points:
@@ -210,7 +251,7 @@ class InfluxSink:
             points_spooled=spool.appended_points if spool else 0,
             spool_points=spool.points if spool else 0,
             spool_bytes=spool.size_bytes if spool else 0,
-            points_buffered=len(self._memory),
+            points_buffered=self._buffered,
             write_errors=self._write_errors,
             last_error=self._last_error,
             dropped=dropped,
@@ -331,22 +372,22 @@ class InfluxSink:
         return self._flush_due(now)
 
     def _flush_due(self, now: float) -> bool:
-        if len(self._memory) >= self._settings.batch_size:
+        if self._buffered >= self._settings.batch_size:
             return True
         return (
-            bool(self._memory)
+            bool(self._buffered)
             and self._oldest_at is not None
             and (now - self._oldest_at >= self._settings.flush_interval_s)
         )
 
     def _spill_due(self, now: float) -> bool:
-        if self._spool is None or not self._memory or now < self._spool_retry_at:
+        if self._spool is None or not self._buffered or now < self._spool_retry_at:
             return False
         settings = self._settings
         high_water = settings.max_buffer_points - min(
             settings.batch_size, settings.max_buffer_points // 2
         )
-        if len(self._memory) > high_water:
+        if self._buffered > high_water:
             return True  # the database is slower than the input: spill, don't drop
         return self.in_outage and self._flush_due(now)
 
@@ -355,46 +396,59 @@ class InfluxSink:
         spool = self._spool
         flush_at = (
             self._oldest_at + self._settings.flush_interval_s
-            if self._memory and self._oldest_at is not None
+            if self._buffered and self._oldest_at is not None
             else None
         )
         wake_at: list[float] = []
         if self.in_outage:
-            if self._memory or (spool is not None and not spool.empty):
+            if self._buffered or (spool is not None and not spool.empty):
                 wake_at.append(self._retry_at)  # the next try
             if flush_at is not None and spool is not None:
                 wake_at.append(max(flush_at, self._spool_retry_at))  # the next spill
         elif flush_at is not None:
             wake_at.append(max(flush_at, self._retry_at))  # the next time-triggered batch
-        if spool is not None and self._memory and now < self._spool_retry_at:
+        if spool is not None and self._buffered and now < self._spool_retry_at:
             wake_at.append(self._spool_retry_at)  # the spool failed: try it again then
         return max(0.0, min(wake_at) - now) if wake_at else None
 
-    def _take(self, count: int) -> list[bytes]:
-        """Pop up to ``count`` of the oldest lines from memory."""
-        memory = self._memory
-        taken = [memory.popleft() for _ in range(min(count, len(memory)))]
-        self._oldest_at = self._clock() if memory else None
+    def _take(self, count: int) -> _Lines:
+        """Pop up to ``count`` lines from memory: essential ones first, each class oldest first."""
+        essential, bulk = self._essential, self._bulk
+        from_essential = min(count, len(essential))
+        from_bulk = min(count - from_essential, len(bulk))
+        taken = _Lines(
+            [essential.popleft() for _ in range(from_essential)],
+            [bulk.popleft() for _ in range(from_bulk)],
+        )
+        self._oldest_at = self._clock() if self._buffered else None
         return taken
 
-    def _put_back(self, lines: list[bytes]) -> None:
+    def _put_back(self, lines: _Lines) -> None:
         """Return lines to the head of memory (they are older than what is there)."""
         if not lines:
             return
-        self._memory.extendleft(reversed(lines))
+        self._essential.extendleft(reversed(lines.essential))
+        self._bulk.extendleft(reversed(lines.bulk))
         if self._oldest_at is None:
             self._oldest_at = self._clock()
         self._enforce_memory_bound()
 
     def _enforce_memory_bound(self) -> None:
-        excess = len(self._memory) - self._settings.max_buffer_points
-        if excess > 0:
-            for _ in range(excess):
-                self._memory.popleft()
-            self._drop("memory_full", excess)
+        """Drop the oldest lines beyond ``max_buffer_points``: bulk ones while there are any."""
+        excess = self._buffered - self._settings.max_buffer_points
+        if excess <= 0:
+            return
+        bulk = min(excess, len(self._bulk))
+        for _ in range(bulk):
+            self._bulk.popleft()
+        for _ in range(excess - bulk):
+            self._essential.popleft()  # essential lines alone exceed the bound
+        self._drop("memory_full_bulk", bulk)
+        self._drop("memory_full", excess - bulk)
 
     async def _send_next(self) -> None:
-        """Send one batch: the oldest spool segments first, else the oldest memory lines."""
+        """Send one batch: spool segments first, else memory lines; essential ones first,
+        each class oldest first."""
         spool = self._spool
         if spool is not None and not spool.empty:
             unreadable_before = spool.unreadable_points
@@ -414,7 +468,7 @@ class InfluxSink:
             return
         lines = self._take(self._settings.batch_size)
         try:
-            outcome = await self._attempt(b"\n".join(lines), len(lines))
+            outcome = await self._attempt(lines.body(), len(lines))
         except BaseException:
             self._put_back(lines)  # cancelled mid-request: nothing is lost
             raise
@@ -511,7 +565,7 @@ class InfluxSink:
             return
         self._replayed += count
         backlog_gone = (self._spool is None or self._spool.empty) and (
-            len(self._memory) < self._settings.batch_size
+            self._buffered < self._settings.batch_size
         )
         if backlog_gone:
             self._log().info(
@@ -524,23 +578,35 @@ class InfluxSink:
             self._recovered_outage_s = 0.0
             self._replayed = 0
 
-    async def _spill(self, lines: list[bytes]) -> None:
-        """Move lines to a new spool segment; on a disk error keep them in memory a while."""
+    async def _spill(self, lines: _Lines) -> None:
+        """Move lines to new spool segments, one per class; on a disk error keep them in
+        memory a while."""
         spool = self._spool
         if not lines or spool is None:
             self._put_back(lines)
             return
-        evicted_before = spool.evicted_points
-        try:
-            await _in_thread(spool.append, lines)
-        except OSError as exc:
-            self._spool_retry_at = self._clock() + _SPOOL_RETRY_S
-            self._log().error("influx_spool_failed", error=str(exc), spool_dir=str(spool.directory))
-            self._put_back(lines)
-            return
-        evicted = spool.evicted_points - evicted_before
-        if evicted:
-            self._log_drop("spool_full", evicted, spool.evicted_points)
+        for bulk in (False, True):
+            part = lines.bulk if bulk else lines.essential
+            if not part:
+                continue
+            evicted_before = spool.evicted_points
+            bulk_evicted_before = spool.evicted_bulk_points
+            try:
+                await _in_thread(functools.partial(spool.append, part, bulk=bulk))
+            except OSError as exc:
+                self._spool_retry_at = self._clock() + _SPOOL_RETRY_S
+                self._log().error(
+                    "influx_spool_failed", error=str(exc), spool_dir=str(spool.directory)
+                )
+                # What is not on disk yet goes back: this class and, after it, the bulk one.
+                self._put_back(_Lines([] if bulk else lines.essential, lines.bulk))
+                return
+            evicted = spool.evicted_points - evicted_before
+            if evicted:
+                self._log_drop("spool_full", evicted, spool.evicted_points)
+            bulk_evicted = spool.evicted_bulk_points - bulk_evicted_before
+            if bulk_evicted:
+                self._log_drop("spool_full_bulk", bulk_evicted, spool.evicted_bulk_points)
 
     def _drop(self, reason: str, count: int, *, log: bool = True) -> None:
         if count <= 0:
@@ -562,21 +628,22 @@ class InfluxSink:
         try:
             await self._open()
             reserve_s = (self._close_deadline - self._clock()) * _CLOSE_RESERVE_FRACTION
-            while self._memory and not self.in_outage:
+            while self._buffered and not self.in_outage:
                 if self._clock() >= self._close_deadline - reserve_s:
                     break
                 lines = self._take(self._settings.batch_size)
-                outcome = await self._attempt(b"\n".join(lines), len(lines))
+                outcome = await self._attempt(lines.body(), len(lines))
                 if outcome == "retry":
                     self._put_back(lines)
-            while self._memory and self._spool is not None:
-                before = len(self._memory)
+            while self._buffered and self._spool is not None:
+                before = self._buffered
                 await self._spill(self._take(self._settings.batch_size))
-                if len(self._memory) >= before:
+                if self._buffered >= before:
                     break  # the spool fails: what is left is dropped below
-            if self._memory:
-                count = len(self._memory)
-                self._memory.clear()
+            if self._buffered:
+                count = self._buffered
+                self._essential.clear()
+                self._bulk.clear()
                 self._drop("closed", count)
         finally:
             await self._close_transport()

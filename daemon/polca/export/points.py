@@ -355,8 +355,15 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
                 "gpus",
                 "gpus_lost",
                 "tick_p99_ms",
+                "implausible",
             ),
-            **_ints("outbox_dropped", "control_rejected", "gpu_errors"),
+            **_ints(
+                "outbox_dropped",
+                "control_rejected",
+                "gpu_errors",
+                "implausible_readings",
+                "rate_limited",
+            ),
         },
     ),
     "rack": MeasurementSchema(
@@ -414,7 +421,9 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
             "points_dropped",
             "points_spooled",
             "spool_bytes",
+            "control_step_failures",
             "dropped_<reason>",
+            "implausible_<reason>",
         ),
     ),
     "leadership": MeasurementSchema(
@@ -462,6 +471,38 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
     ),
 }
 """Measurement -> tags and typed fields. ``docs/influxdb.md`` documents exactly this."""
+
+ESSENTIAL_MEASUREMENTS: Final[frozenset[str]] = frozenset(
+    {
+        "row",
+        "rack",
+        "node",
+        "control",
+        "cooling_alarm",
+        "cooling_loop",
+        "leadership",
+        "aggregator",
+    }
+)
+"""The measurements a sink must keep before any other: a sink's *essential* class.
+
+Why: they are what the aggregator itself decided and measured, a few points per rack and
+row per control step, and what operators need to reconstruct an incident (the row's power
+against its budget, the level and control issued, cooling alarms, who led). The *bulk*
+class (``BULK_MEASUREMENTS``) is what nodes send in quantity: its size is set by the
+nodes (a schema-valid telemetry message may list 1,024 GPUs, a node may publish events at
+will), so under a stalled database it must never crowd the essential points out. A sink
+evicts bulk points first (``influx.py``: memory and spool); essential ones are lost only
+when they alone exceed the bounds. A measurement in neither set (not in ``SCHEMA``) is
+bulk; a test checks that the two sets split ``SCHEMA``."""
+
+BULK_MEASUREMENTS: Final[frozenset[str]] = frozenset(
+    {"gpu", "gpu_cap", "gpu_health", "agent", "event"}
+)
+"""Per-GPU and per-node-report measurements whose volume the nodes control; evicted first.
+
+``event`` is here too: a node chooses how many it publishes. The aggregator's own level
+changes (``event`` points of kind ``level_changed``) are also in ``control`` points."""
 
 
 def make_point(

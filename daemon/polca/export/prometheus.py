@@ -218,6 +218,24 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "polca_node_gpu_errors_total",
         "GPU library (NVML) calls that failed on the node.",
     ),
+    _f(
+        "node",
+        "implausible",
+        "polca_node_implausible",
+        "1 while the node's telemetry claims more than it can draw, or GPUs it does not have.",
+    ),
+    _f(
+        "node",
+        "implausible_readings",
+        "polca_node_implausible_readings_total",
+        "Implausible telemetry messages of the node (counted at its plausible bound).",
+    ),
+    _f(
+        "node",
+        "rate_limited",
+        "polca_node_messages_rate_limited_total",
+        "Messages of the node the aggregator refused for exceeding its admission rate.",
+    ),
     # Rack and row power against budget and thresholds.
     _f("rack", "power_w", "polca_rack_power_watts", "Rack power."),
     _f("rack", "budget_w", "polca_rack_budget_watts", "Rack power budget."),
@@ -283,6 +301,12 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "polca_aggregator_points_dropped_total",
         "Points the InfluxDB sink gave up.",
     ),
+    _f(
+        "aggregator",
+        "control_step_failures",
+        "polca_aggregator_control_step_failures_total",
+        "Control steps that raised and published nothing (retried the next interval).",
+    ),
 )
 _BY_MEASUREMENT: Final = {
     m: tuple(f for f in FAMILIES if f.measurement == m) for m in {f.measurement for f in FAMILIES}
@@ -290,6 +314,9 @@ _BY_MEASUREMENT: Final = {
 _CATALOGUE: Final = {f.name: f for f in FAMILIES}  # one Family stands for its name
 CLOCK_EVENT_FAMILY: Final = "polca_gpu_clock_event_active"
 DROPPED_FAMILY: Final = "polca_aggregator_messages_dropped_total"
+IMPLAUSIBLE_FAMILY: Final = "polca_aggregator_implausible_telemetry_total"
+_BY_REASON: Final = {"dropped_": DROPPED_FAMILY, "implausible_": IMPLAUSIBLE_FAMILY}
+"""Aggregator fields ``<prefix><reason>``: one family each, the reason as a label."""
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -344,6 +371,7 @@ class _Series(Collector):
 _EXTRA_HELP: Final = {
     CLOCK_EVENT_FAMILY: "1 while NVML reports this clock event reason for the GPU.",
     DROPPED_FAMILY: "MQTT messages the aggregator dropped, by reason.",
+    IMPLAUSIBLE_FAMILY: "Telemetry messages held to their node's plausible bound, by reason.",
 }
 
 
@@ -420,10 +448,11 @@ class PrometheusSink:
                             )
                 elif point.measurement == "aggregator":
                     for name, value in fields.items():
-                        if name.startswith("dropped_") and isinstance(value, int):
-                            reason = name.removeprefix("dropped_")
+                        prefix, _, reason = name.partition("_")
+                        family = _BY_REASON.get(prefix + "_")
+                        if family is not None and reason and isinstance(value, int):
                             self.series.set(
-                                DROPPED_FAMILY, (*labels, ("reason", reason)), float(value), now
+                                family, (*labels, ("reason", reason)), float(value), now
                             )
                 self._written += 1
 

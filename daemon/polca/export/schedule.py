@@ -22,6 +22,9 @@ from typing import Final
 from polca.settings import Thinnable
 
 THINNABLE: Final[tuple[str, ...]] = typing.get_args(Thinnable)
+ALWAYS_THINNED_S: Final[Mapping[str, float]] = {"gpu_health": 1.0}
+"""Intervals that hold even when the configuration names none: a node may send health
+counters with every message (they are cumulative: thinning loses no count)."""
 SLACK_FRACTION: Final = 0.1
 """A series is due this fraction of its interval early (arrival jitter)."""
 
@@ -40,7 +43,9 @@ class WriteSchedule:
         if bad:
             msg = f"write intervals must be positive and finite: {bad}"
             raise ValueError(msg)
-        self._due_after_s = {name: s * (1 - SLACK_FRACTION) for name, s in every_s.items()}
+        intervals: dict[str, float] = dict(ALWAYS_THINNED_S)
+        intervals.update(every_s.items())
+        self._due_after_s = {name: s * (1 - SLACK_FRACTION) for name, s in intervals.items()}
         self._max_series = max_series
         self._written_s: dict[tuple[str, str], float] = {}
 

@@ -12,7 +12,8 @@ owns that), log (it reports what it found and counted; the sink logs, rate-limit
 on the event loop (every method blocks on file I/O; the sink calls one at a time from a
 worker thread).
 
-The format, version 2: one file per segment, named ``<seq>-<points>.lpc``::
+The format, version 2: one file per segment, named ``<seq>-<points>.lpc`` (a segment of
+essential points) or ``<seq>-<points>.bulk.lpc`` (bulk points)::
 
     #polca-spool 2 precision=ms                      the header: magic, version, precision
     <CRC-32 of the line, 8 hex digits> <line>        one record per point, each ending in \\n
@@ -31,6 +32,15 @@ lines. The ``<points>`` in the name is how many records a segment was written wi
 lacks when read is counted as ``corrupt_points`` (and the name corrected, so that a restart
 does not count it again); a segment that cannot be read at all, or is no file, as
 ``unreadable_points``. Other files in the directory are left alone and reported.
+
+Two classes share the directory and its byte bound (``polca.export.points``
+``ESSENTIAL_MEASUREMENTS``): a segment holds lines of one class, and the class is in its
+name. To stay within ``max_bytes`` the oldest *bulk* segments are evicted first; an
+essential segment is evicted only when no bulk one is left, and a bulk segment that does not
+fit beside the essential ones is refused (counted, never written) rather than evict one.
+Reads return essential segments first, each class oldest first. Segments that older
+versions wrote (``.lpc`` and ``.lp``, classes mixed) are read as essential: they are
+replayed, and never evicted for the sake of bulk points.
 """
 
 from __future__ import annotations
@@ -53,14 +63,16 @@ from polca.errors import ConfigError, FatalError
 HEADER: Final = b"#polca-spool 2 precision=ms\n"
 """The first line of every segment of this format."""
 SUFFIX: Final = ".lpc"
-"""Segments of this format: ``<seq>-<points>.lpc``."""
+"""Segments of this format: ``<seq>-<points>.lpc`` (essential points)."""
+BULK_SUFFIX: Final = ".bulk.lpc"
+"""Segments of this format holding bulk points: ``<seq>-<points>.bulk.lpc``."""
 LEGACY_SUFFIX: Final = ".lp"
 """Segments of version 1 (plain line protocol), still replayed."""
 LOCK_NAME: Final = ".lock"
 
 _TMP_SUFFIX: Final = ".tmp"
 _STRAY_SUFFIX: Final = ".stray"
-_SEGMENT_NAME: Final = re.compile(r"([0-9]{1,20})-([0-9]{1,20})(\.lpc|\.lp)", re.ASCII)
+_SEGMENT_NAME: Final = re.compile(r"([0-9]{1,20})-([0-9]{1,20})(\.bulk\.lpc|\.lpc|\.lp)", re.ASCII)
 _CRC_DIGITS: Final = 8
 _LEGACY_TIMESTAMP: Final = re.compile(rb" -?[0-9]+\Z")
 _NAMES_REPORTED: Final = 20
@@ -140,6 +152,8 @@ class Segment:
     points: int
     size_bytes: int
     legacy: bool = False
+    bulk: bool = False
+    """Whether it holds bulk points (evicted first), not essential ones."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -177,8 +191,8 @@ class Spool:
     """Segment files in one directory, oldest first, locked by one process at a time.
 
     Synchronous file I/O: run every method in a worker thread, one call at a time.
-    ``max_bytes`` bounds the directory (the oldest segments are evicted and counted);
-    ``sync`` is ``os.fsync``, a seam for tests of a failing disk.
+    ``max_bytes`` bounds the directory (bulk segments are evicted first, the oldest of a
+    class first, and counted); ``sync`` is ``os.fsync``, a seam for tests of a failing disk.
     """
 
     def __init__(
@@ -187,17 +201,24 @@ class Spool:
         self.directory = directory
         self.max_bytes = max_bytes
         self._sync = sync
-        self._segments: deque[Segment] = deque()
+        self._essential: deque[Segment] = deque()
+        self._bulk: deque[Segment] = deque()
         self._next_seq = 0
         self._lock_fd: int | None = None
         self.points = 0
-        """Points waiting now (as the segments' names count them)."""
+        """Points waiting now (as the segments' names count them), of both classes."""
         self.size_bytes = 0
-        """Bytes of the segments now."""
+        """Bytes of the segments now, of both classes."""
+        self.bulk_points = 0
+        """Of ``points``, those in bulk segments."""
+        self.bulk_bytes = 0
+        """Of ``size_bytes``, those of bulk segments."""
         self.appended_points = 0
         """Points written to the spool since start."""
         self.evicted_points = 0
-        """Points of segments deleted to stay within ``max_bytes``."""
+        """Essential points of segments deleted to stay within ``max_bytes``."""
+        self.evicted_bulk_points = 0
+        """Bulk points of segments deleted, or refused, to stay within ``max_bytes``."""
         self.unreadable_points = 0
         """Points of segments that could not be read, or were no file."""
         self.corrupt_points = 0
@@ -206,7 +227,7 @@ class Spool:
     @property
     def empty(self) -> bool:
         """Whether no segment waits."""
-        return not self._segments
+        return not self._essential and not self._bulk
 
     def open(self) -> OpenReport:
         """Lock the directory and index what a previous run left; tidy and report the rest.
@@ -255,13 +276,19 @@ class Spool:
                 unreadable_points += points
                 self._move_away(path)
                 continue
-            legacy = match.group(3) == LEGACY_SUFFIX
-            found.append(Segment(path, seq, points, info.st_size, legacy))
-        found.sort(key=lambda s: (s.seq, s.path.name))
-        self._segments = deque(found)
+            suffix = match.group(3)
+            found.append(
+                Segment(
+                    path,
+                    seq,
+                    points,
+                    info.st_size,
+                    legacy=suffix == LEGACY_SUFFIX,
+                    bulk=suffix == BULK_SUFFIX,
+                )
+            )
+        self._index(found)
         self._next_seq = last_seq + 1
-        self.points = sum(s.points for s in found)
-        self.size_bytes = sum(s.size_bytes for s in found)
         self.unreadable_points += unreadable_points
         return OpenReport(
             tmp_removed=tmp_removed,
@@ -270,6 +297,16 @@ class Spool:
             stray=tuple(stray[:_NAMES_REPORTED]),
             stray_count=len(stray),
         )
+
+    def _index(self, found: list[Segment]) -> None:
+        """Take ``found`` as the segments waiting, each class oldest first."""
+        found.sort(key=lambda s: (s.seq, s.path.name))
+        self._essential = deque(s for s in found if not s.bulk)
+        self._bulk = deque(s for s in found if s.bulk)
+        self.points = sum(s.points for s in found)
+        self.size_bytes = sum(s.size_bytes for s in found)
+        self.bulk_points = sum(s.points for s in self._bulk)
+        self.bulk_bytes = sum(s.size_bytes for s in self._bulk)
 
     def _lock(self) -> None:
         try:
@@ -292,19 +329,32 @@ class Spool:
         if fd is not None:
             os.close(fd)
 
-    def append(self, lines: Sequence[bytes]) -> None:
-        """Write one segment durably, first evicting the oldest ones beyond the bound.
+    def append(self, lines: Sequence[bytes], *, bulk: bool = False) -> None:
+        """Write one segment of one class durably, first evicting segments beyond the bound.
 
-        Raises ``OSError`` when the disk fails (full, read-only, I/O error): then nothing
-        of this segment is left in the directory and the caller still owns the lines.
+        Room is made by evicting the oldest bulk segments, then (for an essential segment
+        only) the oldest essential ones; a bulk segment that cannot fit beside the essential
+        segments is refused: counted in ``evicted_bulk_points``, not written, nothing
+        evicted for it. Raises ``OSError`` when the disk fails (full, read-only, I/O
+        error): then nothing of this segment is left in the directory and the caller still
+        owns the lines.
         """
         body = encode_segment(lines)
+        essential_bytes = self.size_bytes - self.bulk_bytes
+        if bulk and self._essential and essential_bytes + len(body) > self.max_bytes:
+            self.evicted_bulk_points += len(lines)  # essential points alone hold the bound
+            return
         # Make room first, but never evict to nothing: one segment may exceed a tiny bound.
-        while self._segments and self.size_bytes + len(body) > self.max_bytes:
-            self.evicted_points += self._pop_oldest().points
+        while self.size_bytes + len(body) > self.max_bytes:
+            if self._bulk:
+                self.evicted_bulk_points += self._pop_oldest(bulk=True).points
+            elif self._essential:
+                self.evicted_points += self._pop_oldest(bulk=False).points
+            else:
+                break
         seq = self._next_seq
         self._next_seq += 1  # not reused even if this write fails: its name may linger
-        name = f"{seq:016d}-{len(lines)}{SUFFIX}"
+        name = f"{seq:016d}-{len(lines)}{BULK_SUFFIX if bulk else SUFFIX}"
         path = self.directory / name
         tmp = self.directory / f"{name}{_TMP_SUFFIX}"
         placed = False
@@ -321,9 +371,13 @@ class Spool:
                 # A segment renamed but not made durable goes too: the caller keeps its lines.
                 with contextlib.suppress(OSError):
                     (path if placed else tmp).unlink(missing_ok=True)
-        self._segments.append(Segment(path, seq, len(lines), len(body)))
+        segment = Segment(path, seq, len(lines), len(body), bulk=bulk)
+        self._queue(segment).append(segment)
         self.points += len(lines)
         self.size_bytes += len(body)
+        if bulk:
+            self.bulk_points += len(lines)
+            self.bulk_bytes += len(body)
         self.appended_points += len(lines)
 
     def _write_synced(self, path: Path, body: bytes) -> None:
@@ -343,14 +397,28 @@ class Spool:
         finally:
             os.close(fd)
 
-    def _pop_oldest(self) -> Segment:
-        segment = self._segments.popleft()
+    def _queue(self, segment: Segment) -> deque[Segment]:
+        """The segments of ``segment``'s class, oldest first."""
+        return self._bulk if segment.bulk else self._essential
+
+    def _at(self, index: int) -> Segment | None:
+        """The segment at ``index`` in reading order: essential ones, then bulk ones."""
+        if index < len(self._essential):
+            return self._essential[index]
+        index -= len(self._essential)
+        return self._bulk[index] if index < len(self._bulk) else None
+
+    def _pop_oldest(self, *, bulk: bool) -> Segment:
+        segment = (self._bulk if bulk else self._essential).popleft()
         # A segment that cannot be deleted is replayed again at the next start: a duplicate
         # the database absorbs, never a loss.
         with contextlib.suppress(OSError):
             segment.path.unlink(missing_ok=True)
         self.points -= segment.points
         self.size_bytes -= segment.size_bytes
+        if segment.bulk:
+            self.bulk_points -= segment.points
+            self.bulk_bytes -= segment.size_bytes
         return segment
 
     def _move_away(self, path: Path) -> None:
@@ -361,10 +429,11 @@ class Spool:
             with contextlib.suppress(OSError):  # a directory: keep it, under another name
                 path.rename(path.with_name(path.name + _STRAY_SUFFIX))
 
-    def _shrink_oldest(self, points: int) -> Segment:
-        """The oldest segment holds only ``points`` good records: say so in its name too."""
-        segment = self._segments[0]
-        suffix = LEGACY_SUFFIX if segment.legacy else SUFFIX
+    def _shrink_oldest(self, segment: Segment, points: int) -> Segment:
+        """The oldest segment of its class holds only ``points`` good records: say so in
+        its name too."""
+        queue = self._queue(segment)
+        suffix = LEGACY_SUFFIX if segment.legacy else BULK_SUFFIX if segment.bulk else SUFFIX
         renamed = segment.path.with_name(f"{segment.seq:016d}-{points}{suffix}")
         path = segment.path
         with contextlib.suppress(OSError):
@@ -372,23 +441,25 @@ class Spool:
                 segment.path.rename(renamed)
                 path = renamed
         shrunk = dataclasses.replace(segment, path=path, points=points)
-        self._segments[0] = shrunk
+        queue[0] = shrunk
         self.points -= segment.points - points
+        if segment.bulk:
+            self.bulk_points -= segment.points - points
         return shrunk
 
     def read_oldest(self, max_points: int) -> SpoolBatch:
-        """The good records of the oldest segments, at most ``max_points`` (at least one).
+        """The good records of the next segments, at most ``max_points`` (at least one).
 
-        A segment that cannot be read is taken out (``unreadable_points``); one that holds
-        fewer good records than it was written with keeps those and counts the rest
+        Essential segments come first, then bulk ones, each class oldest first. A segment
+        that cannot be read is taken out (``unreadable_points``); one that holds fewer good
+        records than it was written with keeps those and counts the rest
         (``corrupt_points``), or is taken out when none is left. A damaged segment is dealt
-        with only once it is the oldest, so that it is counted once.
+        with only once it is the first to read, so that it is counted once.
         """
         taken: list[Segment] = []
         bodies: list[bytes] = []
         total = 0
-        while len(taken) < len(self._segments):
-            segment = self._segments[len(taken)]
+        while (segment := self._at(len(taken))) is not None:
             if taken and total + segment.points > max_points:
                 break
             try:
@@ -396,7 +467,7 @@ class Spool:
             except OSError:
                 if taken:
                     break  # send what was read; this one is dealt with next time
-                self.unreadable_points += self._pop_oldest().points
+                self.unreadable_points += self._pop_oldest(bulk=segment.bulk).points
                 continue
             decoded = decode_legacy(data) if segment.legacy else decode_segment(data)
             good = len(decoded.records)
@@ -405,19 +476,20 @@ class Spool:
                     break
                 self.corrupt_points += segment.points - good
                 if not good:
-                    self._pop_oldest()
+                    self._pop_oldest(bulk=segment.bulk)
                     continue
-                segment = self._shrink_oldest(good)
+                segment = self._shrink_oldest(segment, good)
             taken.append(segment)
             bodies.append(b"\n".join(decoded.records))
             total += good
         return SpoolBatch(tuple(taken), b"\n".join(bodies), total)
 
     def remove(self, segments: Sequence[Segment]) -> None:
-        """Delete segments that were sent (or rejected): they are the oldest ones."""
+        """Delete segments that were sent (or rejected): the oldest ones of their class."""
         for segment in segments:
-            if self._segments and self._segments[0] == segment:
-                self._pop_oldest()
+            queue = self._queue(segment)
+            if queue and queue[0] == segment:
+                self._pop_oldest(bulk=segment.bulk)
 
 
 def _read_regular_file(path: Path) -> bytes:

@@ -20,6 +20,9 @@ What it does:
   in order, one at a time; one that the connection loss interrupted goes back to the head of
   the outbox (at-least-once for QoS 1, so a duplicate is possible after a reconnect).
 - Received messages go into a bounded inbox that also drops the oldest and counts.
+- A message larger than the wire allows (``MAX_PAYLOAD_BYTES``) is never sent: a broker
+  answers one over its packet limit by dropping the connection. It is dropped and counted
+  as an outbox drop, and logged (``mqtt_publish_oversized``, once per 10 s).
 - ``close(final=...)`` publishes the last words (the retained ``offline`` status), flushes
   and disconnects cleanly, within a bound. A clean disconnect suppresses the broker's Last
   Will, so a cancelled ``run()`` publishes the will itself before disconnecting.
@@ -44,6 +47,8 @@ from aiomqtt.exceptions import MqttConnectError
 
 from polca import aiokit
 from polca.errors import ConfigError, TransportAuthError
+from polca.telemetry.checks import DropLog
+from polca.telemetry.schema import MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -254,6 +259,7 @@ class MqttBus:
         self._outbox_dropped = 0
         self._inbox_dropped = 0
         self._last_error: str | None = None
+        self._oversized = DropLog("mqtt_publish_oversized", logger=self._log)
 
     # -- consumers ------------------------------------------------------------------------
 
@@ -554,6 +560,14 @@ class MqttBus:
     # -- queues ---------------------------------------------------------------------------
 
     def _enqueue(self, item: _Outgoing) -> None:
+        if len(item.msg.payload) > MAX_PAYLOAD_BYTES:
+            # A broker refuses a packet over its limit by dropping the connection (the
+            # shipped Mosquitto's max_packet_size fits MAX_PAYLOAD_BYTES): never send one.
+            self._oversized.drop(
+                "oversized", topic=item.msg.topic, detail=str(len(item.msg.payload))
+            )
+            self._drop_outgoing(item)
+            return
         if len(self._outbox) >= self._settings.outbox_size:
             self._drop_outgoing(self._outbox.popleft())
         self._outbox.append(item)

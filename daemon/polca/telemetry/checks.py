@@ -10,6 +10,10 @@ must hold, and both need context the payload does not carry:
   tolerance is refused or not trusted, and durations never come from them (leases and
   staleness run on the receiver's monotonic clock from the moment of receipt).
 
+``TokenBucket`` admits a source's messages at a configured rate and burst, before they
+are decoded, so one source cannot crowd out the others; ``RateGate`` lets one log line per
+key through per interval (keys from configuration, never from the network).
+
 ``DropLog`` counts every dropped message by reason and logs it without letting a hostile
 publisher flood the log or grow memory: the first drop of each reason is logged at once,
 later ones at most once per ``every_s`` per reason, with the count since. Its memory is
@@ -23,7 +27,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -32,7 +36,7 @@ from polca.errors import ClockSkewError, IdentityError, StaleMessageError
 
 _S = 1_000_000_000
 
-__all__ = ["ClockWindow", "DropLog", "check_identity"]
+__all__ = ["ClockWindow", "DropLog", "RateGate", "TokenBucket", "check_identity"]
 
 
 def check_identity(what: str, *, payload: str | None, topic: str | None) -> None:
@@ -150,3 +154,60 @@ class DropLog:
             )
         else:
             self._log.warning(self.event, reason=reason, dropped=dropped, total=total, **fields)
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """Admission at ``rate_per_s`` with bursts of up to ``burst`` (time passed in, seconds).
+
+    Starts full. ``take(cost, now_s)`` spends ``cost`` tokens when there are that many and
+    says whether it did: a refused message costs nothing, so a source that keeps sending
+    above the rate still gets the rate through. Monotonic time only; a clock that goes
+    backwards refills nothing.
+    """
+
+    rate_per_s: float
+    burst: float
+    tokens: float = field(init=False)
+    updated_s: float | None = None
+
+    def __post_init__(self) -> None:
+        """Start full."""
+        self.tokens = self.burst
+
+    def take(self, cost: float, now_s: float) -> bool:
+        """Spend ``cost`` tokens now if there are that many; whether it was admitted."""
+        if self.updated_s is not None and now_s > self.updated_s:
+            self.tokens = min(self.burst, self.tokens + (now_s - self.updated_s) * self.rate_per_s)
+        if self.updated_s is None or now_s > self.updated_s:
+            self.updated_s = now_s
+        if cost > self.tokens:
+            return False
+        self.tokens -= cost
+        return True
+
+
+class RateGate:
+    """At most one pass per key per ``every_s``, with the count of what was held back.
+
+    For warnings a remote source can trigger at message rate (a node going offline again
+    and again): ``admit(key, now_s)`` returns None while the key passed less than
+    ``every_s`` ago, else how many occurrences there were since it last passed (this one
+    included). Memory: one entry per key, and keys come from configuration (node names of
+    the topology), never from the network.
+    """
+
+    def __init__(self, every_s: float) -> None:
+        """A gate letting one occurrence per key through per ``every_s``."""
+        self.every_s = every_s
+        self._passed_at: dict[str, float] = {}
+        self._held: Counter[str] = Counter()
+
+    def admit(self, key: str, now_s: float) -> int | None:
+        """None: hold this one back (counted); else the occurrences since the last pass."""
+        self._held[key] += 1
+        last = self._passed_at.get(key)
+        if last is not None and now_s - last < self.every_s:
+            return None
+        self._passed_at[key] = now_s
+        return self._held.pop(key)

@@ -42,9 +42,20 @@ MAX_POLICY_TEXT_CHARS = 64 * 1024
 """A policy bundle's text, as ``polca.policy.loader.MAX_POLICY_BYTES`` bounds a policy file."""
 MAX_DETAIL_DEPTH = 8
 """Nesting depth allowed inside an event's free-form ``detail``."""
+MAX_NODE_W = 1e7
+"""One node's (or one GPU's) power on the wire: far above any real node."""
+MAX_TOTAL_W = 1e12
+"""A sum of nodes on the wire (a rack, a row, a meter, a budget): room for the largest
+configuration the aggregator accepts (``aggregator.config``), so no summary it builds
+from validated values can fail validation."""
+MAX_ROW_NODES = 4096
+"""Nodes a row summary can list (and so the most nodes one row may have)."""
+MAX_ROW_RACKS = 1024
+"""Racks a row summary can list (and so the most racks one row may have)."""
 
 _Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
-_Watts = Annotated[float, Field(ge=0, le=1e7)]
+_Watts = Annotated[float, Field(ge=0, le=MAX_NODE_W)]
+_TotalWatts = Annotated[float, Field(ge=0, le=MAX_TOTAL_W)]
 _Temp = Annotated[float, Field(ge=-60, le=300)]
 _Mhz = Annotated[int, Field(ge=0, le=100_000)]
 _Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
@@ -134,6 +145,11 @@ class GpuTelemetry(BaseModel):
     mem_util_pct: float | None = Field(None, ge=0, le=100)
     power_limit_w: _Watts | None = None
     enforced_power_limit_w: _Watts | None = None
+    power_limit_max_w: _Watts | None = Field(
+        None,
+        description="The highest power limit the GPU accepts (from discovery): what it can "
+        "draw, which bounds the node's plausible power at the aggregator.",
+    )
     clock_event_reasons: _Count | None = Field(None, description="NVML bitmask, OR-ed.")
     clock_events: tuple[_Label, ...] = Field(
         (), max_length=64, description="Names of the bits set."
@@ -308,7 +324,7 @@ class Meter(_Wire):
     """``{root}/{site}/{row}/meter`` (or a configured topic): row power from a PDU or meter."""
 
     kind: Literal["meter"] = "meter"
-    power_w: _Watts
+    power_w: _TotalWatts
     energy_j: float | None = Field(None, ge=0, le=1e18, description="Meter energy counter, if any.")
 
 
@@ -333,9 +349,9 @@ class RackSummary(BaseModel):
     model_config = _CONFIG
 
     rack: _Name
-    power_w: _Watts
-    budget_w: _Watts | None = Field(None, description="Effective: electrical or thermal.")
-    thermal_budget_w: _Watts | None = Field(None, description="From its cooling loop.")
+    power_w: _TotalWatts
+    budget_w: _TotalWatts | None = Field(None, description="Effective: electrical or thermal.")
+    thermal_budget_w: _TotalWatts | None = Field(None, description="From its cooling loop.")
     level: _Level = Field(0, description="Rack-scope level, when it has one.")
     nodes_online: _Count
     nodes_stale: _Count
@@ -348,19 +364,30 @@ class RowSummary(_Wire):
     kind: Literal["row_summary"] = "row_summary"
     row: _Name
     issuer: _Name
-    power_w: _Watts
+    power_w: _TotalWatts
     power_source: Literal["computed", "meter"]
-    budget_w: _Watts
-    effective_budget_w: _Watts
+    budget_w: _TotalWatts
+    effective_budget_w: _TotalWatts
     level: _Level
     level_name: str = Field("", max_length=64)
     thresholds_w: tuple[float, ...] = Field((), max_length=64)
     trend_w_per_s: float | None = None
     lease_expires_ns: _Ns | None = None
     observe: bool = False
-    racks: tuple[RackSummary, ...] = Field((), max_length=1024)
-    offline_nodes: tuple[_Name, ...] = Field((), max_length=4096)
-    stale_nodes: tuple[_Name, ...] = Field((), max_length=4096)
+    racks: tuple[RackSummary, ...] = Field((), max_length=MAX_ROW_RACKS)
+    offline_nodes: tuple[_Name, ...] = Field((), max_length=MAX_ROW_NODES)
+    stale_nodes: tuple[_Name, ...] = Field((), max_length=MAX_ROW_NODES)
+    implausible_nodes: tuple[_Name, ...] = Field(
+        (),
+        max_length=MAX_ROW_NODES,
+        description="Nodes whose last telemetry claimed more than they can draw (counted at "
+        "their plausible bound) or listed GPUs they do not have.",
+    )
+    truncated: bool = Field(
+        False,
+        description="Node lists (then racks) were cut to keep the message within the wire's "
+        "size; the racks' counts are whole.",
+    )
 
 
 class CoolantConnector(BaseModel):
