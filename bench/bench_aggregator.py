@@ -70,7 +70,7 @@ def _config(workdir: Path, *, port: int, influx_url: str) -> Path:
         # than an agent does, so admission is out of the way (bench_flood.py measures it).
         "intake": {
             "telemetry_per_s": 10_000,
-            "telemetry_burst": 1_000_000,
+            "telemetry_burst": 100_000,
             "bytes_per_s": 1e12,
             "bytes_burst": 2**40,
         },

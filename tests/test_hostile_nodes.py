@@ -19,7 +19,9 @@ from structlog.testing import capture_logs
 
 from polca.aggregator import messages
 from polca.aggregator.config import AggregatorSettings
+from polca.aggregator.intake import node_connection
 from polca.telemetry.bus import OutMessage
+from polca.telemetry.memory import MemoryBus
 from polca.telemetry.schema import (
     GpuHealthReport,
     GpuTelemetry,
@@ -202,4 +204,43 @@ async def test_gpu_health_points_obey_their_write_interval(tmp_path: Path) -> No
     await row.step(0.5)
     written = len(row.sink.measurement("gpu_health")) - before
     assert 0 < written <= 2 * 4  # at most one write per second of n4's 4 GPUs
+    await row.stop()
+
+
+async def test_a_flooding_node_is_moved_to_a_connection_of_its_own(tmp_path: Path) -> None:
+    """Past intake.quarantine_after refusals, n4's topics leave the connection it shared
+    (its neighbours' readings get through the broker again) for the quarantine one, where
+    its readings still count; the move is logged, published and in its node point."""
+    row = _row(tmp_path)
+    await row.start()
+    await row.run(2)
+    agg = row.aggregator
+    shared = agg.intake_buses[f"nodes-{node_connection('n4', agg.settings.intake.connections)}"]
+    quarantine = agg.intake_buses["quarantine"]
+    topic = f"{BASE}/rack2/n4/telemetry"
+    assert isinstance(shared, MemoryBus)
+    assert isinstance(quarantine, MemoryBus)
+    assert shared.subscribed_to(topic)
+    assert not quarantine.subscribed_to(topic)
+    before = shared.filters
+    payload = _lie("n4", node_w=800.0)
+    with capture_logs() as logs:
+        for _ in range(agg.settings.intake.quarantine_after + 20):
+            row.probe.publish_nowait(OutMessage(topic, payload))
+        row.deliver()
+    assert [e["node"] for e in logs if e["event"] == "node_quarantined"] == ["n4"]
+    assert not shared.subscribed_to(topic)
+    assert quarantine.subscribed_to(topic)
+    assert quarantine.subscribed_to(f"{BASE}/rack2/n4/status")
+    # The neighbours' topics stay where they were: only n4's left.
+    assert shared.filters == tuple(f for f in before if "/n4/" not in f)
+    assert len(shared.filters) == len(before) - 3
+    received = agg.intake.messages_in
+    await row.run(2)  # n4's agent goes on: its readings arrive through the quarantine
+    assert agg.intake.messages_in > received
+    assert agg.rows.trackers[ROW].nodes["n4"].received_s == pytest.approx(row.clock.seconds())
+    events = [m for m in row.seen if m.topic.endswith("/aggregator/agg/events")]
+    assert any(b"node_quarantined" in m.payload for m in events)
+    (point,) = [p for p in row.sink.measurement("node")[-4:] if p.tags["node"] == "n4"]
+    assert point.fields["quarantined"] == 1.0
     await row.stop()

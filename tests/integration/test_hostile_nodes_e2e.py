@@ -553,6 +553,10 @@ async def test_a_telemetry_flood_starves_neither_the_honest_node_nor_control(
         assert row.metric("polca_node_messages_rate_limited_total", node=HONEST) == 0
         drops = row.logs(row.aggregator, "message_dropped")
         assert any(e["reason"] == "rate_limited" for e in drops)
+        # Past intake.quarantine_after refusals the liar got a connection of its own.
+        assert [e["node"] for e in row.logs(row.aggregator, "node_quarantined")] == [LIAR]
+        assert row.metric("polca_node_quarantined", node=LIAR) == 1
+        assert row.metric("polca_node_quarantined", node=HONEST) == 0
         times = [at for at, _ in row.viewer.controls(row.start)]
         gaps = [b - a for a, b in itertools.pairwise(times)]
         assert len(times) >= 10

@@ -90,7 +90,12 @@ async def test_prometheus_scrapes_the_agents_and_an_xid_fires_its_alert(
     on both paths; an XID on one fake GPU fires ``PolcaGpuXid`` naming its code, and no
     other alert is raised."""
     ports = {name: free_port() for name in ("node1", "node2", "aggregator")}
-    metrics = {n: {"metrics": {"address": f"127.0.0.1:{ports[n]}"}} for n in ("node1", "node2")}
+    # Health counters every 2 s (not only on change): the agents start before the aggregator
+    # subscribes, so it may miss their first reading, which it would otherwise see 30 s later.
+    metrics = {
+        n: {"metrics": {"address": f"127.0.0.1:{ports[n]}"}, "agent": {"health_every_s": 2.0}}
+        for n in ("node1", "node2")
+    }
     cluster = Cluster(tmp_path, mosquitto, fake_nvml_lib, agent_extra=metrics)
     cluster.aggregator = cluster.new_aggregator(
         extra={"metrics": {"address": f"127.0.0.1:{ports['aggregator']}"}}

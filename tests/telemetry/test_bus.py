@@ -217,6 +217,37 @@ async def test_a_message_over_the_wire_bound_is_never_sent(mosquitto: MosquittoP
     assert bus.stats.connects == 1
 
 
+async def test_resubscribe_moves_the_live_subscriptions_and_survives_a_reconnect(
+    mosquitto: MosquittoProcess,
+) -> None:
+    """After resubscribe, the dropped filter's messages stop, the new filter's retained and
+    live messages arrive; a reconnect subscribes to the new list."""
+    bus = MqttBus(fast_settings(mosquitto.port), client_id="agg", subscriptions=[("t/a", 0)])
+    async with running(bus) as task:
+        async with observer(mosquitto.port) as pub:
+            await pub.publish("t/b", b"kept", qos=1, retain=True)
+            await pub.publish("t/a", b"a1", qos=1)
+            assert (await inbox_get(bus)).payload == b"a1"
+            bus.resubscribe([("t/b", 0)])
+            retained = await inbox_get(bus)
+            assert (retained.topic, retained.payload, retained.retain) == ("t/b", b"kept", True)
+            await pub.publish("t/a", b"a2", qos=1)  # no longer subscribed
+            await pub.publish("t/b", b"b1", qos=1)
+            assert (await inbox_get(bus)).payload == b"b1"
+        mosquitto.kill()
+        await wait_until(lambda: not bus.connected.is_set(), "bus noticed the broker crash")
+        mosquitto.start()
+        await wait_for_event(bus.connected, task)
+        async with observer(mosquitto.port) as pub:
+            await wait_until(lambda: bus.stats.connects == 2, "reconnected")
+            # Retained: it arrives whether the new session subscribed before or after it.
+            await pub.publish("t/b", b"b2", qos=1, retain=True)
+            assert (await inbox_get(bus)).payload == b"b2"
+            await pub.publish("t/a", b"a3", qos=1)
+            await pub.publish("t/b", b"b3", qos=1)
+            assert (await inbox_get(bus)).payload == b"b3"
+
+
 async def test_retained_reaches_late_subscriber(mosquitto: MosquittoProcess) -> None:
     """A retained message published by the bus is delivered to a subscriber that comes later."""
     bus = MqttBus(fast_settings(mosquitto.port), client_id="node-1")

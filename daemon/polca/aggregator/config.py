@@ -252,6 +252,13 @@ class IntakeSettings(_Model):
         "CDUs: the broker queues messages per connection, so a node flooding it fills "
         "its own connection's queue and the nodes on the others stay fresh.",
     )
+    quarantine_after: int = Field(
+        100,
+        ge=1,
+        description="A node whose messages the admission refused this many times is moved "
+        "to a connection of its own (until the aggregator restarts): its flood then fills "
+        "that connection's queue at the broker, not the one it shared with other nodes.",
+    )
     warn_every_s: float = Field(
         60.0,
         gt=0,

@@ -149,6 +149,7 @@ class Intake:
     # topics), created on first use: bounded by the configuration, never by the network.
     _buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict)
     _warnings: RateGate = field(init=False)
+    _to_quarantine: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._warnings = RateGate(self.limits.warn_every_s)
@@ -182,6 +183,11 @@ class Intake:
         not the aggregators', and must not be able to delay control)."""
         return [(topic, 0) for topic in (*self._meters, *self._cdu_topics)]
 
+    def node_topics(self, row: str, node: str) -> list[tuple[str, int]]:
+        """What the aggregator reads of one node (at QoS 0, see ``node_subscriptions``)."""
+        addr = NodeAddress(self.site, row, self.trackers[row].nodes[node].rack, node)
+        return [(self.topics.node(addr, channel), 0) for channel in _NODE_CHANNELS]
+
     def node_subscriptions(self, connections: int) -> list[list[tuple[str, int]]]:
         """The nodes' topics (telemetry, status, events), spread over ``connections``
         connections, each node on one (``node_connection``): the broker's queue for a
@@ -194,11 +200,15 @@ class Intake:
         """
         shards: list[list[tuple[str, int]]] = [[] for _ in range(connections)]
         for name, tracker in self.trackers.items():
-            for node, view in tracker.nodes.items():
-                addr = NodeAddress(self.site, name, view.rack, node)
-                shard = shards[node_connection(node, connections)]
-                shard.extend((self.topics.node(addr, ch), 0) for ch in _NODE_CHANNELS)
+            for node in tracker.nodes:
+                shards[node_connection(node, connections)].extend(self.node_topics(name, node))
         return shards
+
+    def take_quarantined(self) -> list[tuple[str, str]]:
+        """The (row, node) pairs newly over ``quarantine_after`` refusals, for the shell to
+        move to the quarantine connection (each once)."""
+        taken, self._to_quarantine = self._to_quarantine, []
+        return taken
 
     def handle(self, message: InMessage, now_s: float) -> Accepted | None:
         """Apply one message to its row, or count and drop it; what to route on. Never raises.
@@ -243,7 +253,7 @@ class Intake:
             )
             return None
         kind = "telemetry" if channel == "telemetry" else "messages"
-        if not self._admit(addr.node, kind, message, now_s, tracker.nodes[addr.node]):
+        if not self._admit(addr.node, kind, message, now_s, (addr.row, tracker.nodes[addr.node])):
             return None
         if not message.payload:
             return None  # a retained message being cleared
@@ -296,12 +306,14 @@ class Intake:
         kind: str,
         message: InMessage,
         now_s: float,
-        view: NodeView | None = None,
+        node: tuple[str, NodeView] | None = None,
     ) -> bool:
         """Whether ``source`` (a node, or a meter or CDU topic) may send this message now.
 
         One bucket per source and kind, and one of payload bytes per source; refused
-        messages are counted (``rate_limited``, and per source) and cost no decoding.
+        messages are counted (``rate_limited``, and per node: ``node`` is its row and
+        view) and cost no decoding. A node refused ``quarantine_after`` times is queued
+        for ``take_quarantined``.
         """
         limits = self.limits
         bucket = self._buckets.get((source, kind))
@@ -318,8 +330,20 @@ class Intake:
             self._buckets[(source, "bytes")] = volume
         if bucket.take(1, now_s) and volume.take(len(message.payload), now_s):
             return True
-        if view is not None:
+        if node is not None:
+            row, view = node
             view.rate_limited += 1
+            if view.rate_limited >= limits.quarantine_after and not view.quarantined:
+                view.quarantined = True
+                self._to_quarantine.append((row, source))
+                _log.warning(
+                    "node_quarantined",
+                    row=row,
+                    node=source,
+                    rate_limited=view.rate_limited,
+                    hint="its topics move to a connection of their own: it floods its row's "
+                    "broker (a bug, or its credentials in someone else's hands)",
+                )
         self.drops.drop(
             "rate_limited", topic=message.topic, detail=f"{source} over its {kind} rate"
         )

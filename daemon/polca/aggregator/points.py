@@ -382,6 +382,7 @@ def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
                 implausible=float(node.implausible),
                 implausible_readings=node.implausible_readings,
                 rate_limited=node.rate_limited,
+                quarantined=float(node.quarantined),
             )
         )
     return out

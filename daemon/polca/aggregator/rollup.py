@@ -93,6 +93,7 @@ class NodeView:
     implausible_readings: int = 0  # implausible telemetry messages since start
     plausible_gpu_w: float = 0.0  # its last plausible GPU power
     rate_limited: int = 0  # its messages the intake refused (admission), since start
+    quarantined: bool = False  # moved to a connection of its own for flooding
 
     def nameplate_w(self) -> float:
         """The conservative power of this node when its telemetry cannot be trusted."""

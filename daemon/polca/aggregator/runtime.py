@@ -39,6 +39,7 @@ from polca.aggregator.intake import (
     RetainedControl,
     TelemetryIn,
     Urgent,
+    node_connection,
 )
 from polca.aggregator.step import RowControl, StepResult
 from polca.coord.etcd import Elector, EtcdClient
@@ -99,7 +100,9 @@ class Aggregator:
         control, meters and CDUs in (``start`` makes it)."""
         self.intake_buses: dict[str, Bus] = {}
         """The connections that only take messages in: ``nodes-N`` (each node's topics on
-        one), ``sources`` (meters and CDUs)."""
+        one), ``sources`` (meters and CDUs), ``quarantine`` (nodes moved off theirs for
+        flooding it)."""
+        self._shards: dict[str, list[tuple[str, int]]] = {}  # bus name -> its subscriptions
         self.step_failures = DropLog("control_step_failed", every_s=60.0, logger=self.log)
         """Control steps that raised (logged with the traceback, at most once a minute)."""
         self.control_wake = asyncio.Event()
@@ -206,6 +209,8 @@ class Aggregator:
             )
         }
         shards["sources"] = self.intake.source_subscriptions()
+        shards["quarantine"] = []  # nodes that flood, moved here (``_quarantine``)
+        self._shards = shards
         self.intake_buses = {
             name: self.bus_factory(
                 self.settings.mqtt,
@@ -215,7 +220,7 @@ class Aggregator:
                 mono_ns=self.mono_ns,
             )
             for name, subscriptions in shards.items()
-            if subscriptions
+            if subscriptions or name == "quarantine"
         }
         self.rows.start(now_s)
         ha = self.settings.ha
@@ -340,10 +345,12 @@ class Aggregator:
         """Take one received message; what the intake accepted goes on. Never raises."""
         now_s = (message.received_mono_ns or self.mono_ns()) / 1e9
         accepted = self.intake.handle(message, now_s)
-        if accepted is None:
-            return
         try:
-            self._route(accepted)
+            if accepted is None:
+                for row, node in self.intake.take_quarantined():
+                    self._quarantine(row, node)
+            else:
+                self._route(accepted)
         except Exception as exc:  # one message must never end the intake
             self.intake.drops.drop("internal", exc=exc, topic=message.topic, detail=repr(exc))
 
@@ -382,6 +389,20 @@ class Aggregator:
             self._peer_control(accepted)
         elif self.rows.observe_cdu(accepted.cdu, accepted.received_s):
             self.control_wake.set()  # cooling emergencies do not wait for the interval
+
+    def _quarantine(self, row: str, node: str) -> None:
+        """Move a flooding node's topics from its shared connection to the quarantine one:
+        the broker's queue of the connection it shared drains, the other nodes' readings
+        get through again; its own still count, through its own connection."""
+        topics = self.intake.node_topics(row, node)
+        shared = f"nodes-{node_connection(node, self.settings.intake.connections)}"
+        if shared not in self._shards:
+            return  # no connections made (a test driving the intake without start())
+        self._shards[shared] = [t for t in self._shards[shared] if t not in topics]
+        self._shards["quarantine"] = [*self._shards["quarantine"], *topics]
+        for name in (shared, "quarantine"):
+            self.intake_buses[name].resubscribe(self._shards[name])
+        self._event("node_quarantined", row=row, node=node, connection=shared)
 
     # ------------------------------------------------------------------ leadership
 

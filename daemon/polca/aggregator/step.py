@@ -67,6 +67,7 @@ class NodeResult:
     implausible: bool = False  # implausible telemetry within control.stale_after_s
     implausible_readings: int = 0  # implausible telemetry since start
     rate_limited: int = 0  # messages refused by admission since start
+    quarantined: bool = False  # moved to a connection of its own for flooding
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +338,7 @@ class RowControl:
                     implausible=view.implausible(now_s, ctl.stale_after_s),
                     implausible_readings=view.implausible_readings,
                     rate_limited=view.rate_limited,
+                    quarantined=view.quarantined,
                 )
             )
         return RowResult(row, rollup, trend, decision, rack_decisions, budgets, tuple(nodes))

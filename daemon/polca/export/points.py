@@ -356,6 +356,7 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
                 "gpus_lost",
                 "tick_p99_ms",
                 "implausible",
+                "quarantined",
             ),
             **_ints(
                 "outbox_dropped",

@@ -232,6 +232,12 @@ FAMILIES: Final[tuple[Family, ...]] = (
     ),
     _f(
         "node",
+        "quarantined",
+        "polca_node_quarantined",
+        "1 once the node's topics were moved to a connection of their own for flooding.",
+    ),
+    _f(
+        "node",
         "rate_limited",
         "polca_node_messages_rate_limited_total",
         "Messages of the node the aggregator refused for exceeding its admission rate.",

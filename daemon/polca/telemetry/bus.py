@@ -164,6 +164,11 @@ class Bus(Protocol):
         """Queue ``msg`` without waiting."""
         ...
 
+    def resubscribe(self, subscriptions: Sequence[tuple[str, int]]) -> None:
+        """Replace the subscriptions (applied now when connected, and on every reconnect);
+        never blocks the caller."""
+        ...
+
     async def close(self, *, final: Sequence[OutMessage] = (), timeout_s: float = 5.0) -> bool:
         """Publish ``final``, flush, disconnect, let ``run()`` return; whether all was sent."""
         ...
@@ -234,6 +239,8 @@ class MqttBus:
         self._client_id = client_id
         self._will = will
         self._subscriptions = tuple(subscriptions)
+        self._subscribed: tuple[tuple[str, int], ...] = ()  # what the broker has, this session
+        self._subscriptions_changed = asyncio.Event()
         self._birth = birth
         self._log: FilteringBoundLogger = (
             logger if logger is not None else structlog.get_logger(__name__)
@@ -292,6 +299,13 @@ class MqttBus:
     def set_handler(self, handler: Callable[[InMessage], None] | None) -> None:
         """Hand each received message to ``handler`` on arrival instead of the inbox."""
         self._handler = handler
+
+    def resubscribe(self, subscriptions: Sequence[tuple[str, int]]) -> None:
+        """Replace the subscriptions: the connection applies the difference (unsubscribe
+        what went, subscribe what came) as soon as it can, and every reconnect subscribes
+        to the new list."""
+        self._subscriptions = tuple(subscriptions)
+        self._subscriptions_changed.set()
 
     def publish_nowait(self, msg: OutMessage) -> None:
         """Queue ``msg`` for the broker; when the outbox is full, drop the oldest (counted).
@@ -477,10 +491,38 @@ class MqttBus:
             await client.publish(msg.topic, msg.payload, qos=msg.qos, retain=msg.retain)
             self._published += 1
             _raise_if_cancelling()
+        self._subscribed = ()
         if self._subscriptions:
-            await client.subscribe(list(self._subscriptions))
+            subscriptions = self._subscriptions
+            self._subscriptions_changed.clear()
+            await client.subscribe(list(subscriptions))
+            self._subscribed = subscriptions
             _raise_if_cancelling()
-        await self._drain(client)
+        # The outbox, and the subscriptions ``resubscribe`` changes, side by side; either
+        # failing ends both (and the session) with its own error, as ``run()`` expects
+        # (an ``MqttError`` means reconnect), not wrapped in a group.
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._drain(client), name="mqtt-outbox")
+                group.create_task(self._follow_subscriptions(client), name="mqtt-subscriptions")
+        except* Exception as failed:
+            raise failed.exceptions[0]  # noqa: B904 - the first failure is the session's
+
+    async def _follow_subscriptions(self, client: aiomqtt.Client) -> None:
+        """Apply ``resubscribe`` to the live connection: unsubscribe, then subscribe."""
+        while True:
+            await self._subscriptions_changed.wait()
+            self._subscriptions_changed.clear()
+            wanted = self._subscriptions
+            kept = {topic for topic, _ in wanted}
+            gone = [topic for topic, _ in self._subscribed if topic not in kept]
+            new = [sub for sub in wanted if sub not in self._subscribed]
+            if gone:
+                await client.unsubscribe(gone)
+            if new:
+                await client.subscribe(new)
+            self._subscribed = wanted
+            _raise_if_cancelling()
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         """Send the outbox in order, one message at a time."""

@@ -84,6 +84,12 @@ class MemoryBroker:
             if client.subscribed_to(topic):
                 client.deliver(msg, retain=True)
 
+    def subscribed(self, client: MemoryBus, filters: Sequence[str]) -> None:
+        """``client`` subscribed to ``filters`` while connected: their retained messages."""
+        for topic, msg in list(self.retained.items()):
+            if any(topic_matches(f, topic) for f in filters):
+                client.deliver(msg, retain=True)
+
     def disconnect(self, client: MemoryBus, *, clean: bool) -> None:
         """Disconnect ``client``; an unclean end publishes its Last Will."""
         if client not in self._clients:
@@ -185,6 +191,13 @@ class MemoryBus:
         self.broker.disconnect(self, clean=False)
         self.connected.clear()
         self._stop.set()
+
+    def resubscribe(self, subscriptions: Sequence[tuple[str, int]]) -> None:
+        """Replace the subscriptions; a new filter gets its retained messages at once."""
+        added = [topic for topic, _ in subscriptions if topic not in self.filters]
+        self.filters = tuple(topic for topic, _ in subscriptions)
+        if self.connected.is_set():
+            self.broker.subscribed(self, added)
 
     def drain(self) -> list[InMessage]:
         """Every message received so far, oldest first, taken out of the inbox."""
