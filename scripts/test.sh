@@ -23,9 +23,9 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${need[@]}"
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+ensure_venv '.[test]'
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -1,8 +1,10 @@
 """The ``polca`` command line: ``agent``, ``demo``, ``policy check``, ``config docs``.
 
 Logging is configured here and only here. Exit codes: 0 success, 1 unexpected failure,
-2 usage error, 78 (EX_CONFIG) a fatal configuration or privilege problem whose message
-says how to fix it (the systemd unit does not restart on 78).
+2 usage error, 69 (EX_UNAVAILABLE) a one-shot command could not reach the broker, 77
+(EX_NOPERM) the broker refused its credentials, 78 (EX_CONFIG) a fatal configuration or
+privilege problem whose message says how to fix it (the systemd unit does not restart on
+78).
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ import structlog
 
 from polca import __version__, aiokit, logs
 from polca.cooling import cli as cooling_cli
-from polca.errors import FatalError, PolcaError, PolicyError
+from polca.errors import FatalError, PolcaError, PolicyError, TransportAuthError
 from polca.gpu import registry
 from polca.sim import cli as sim_cli
 
+EX_UNAVAILABLE = 69
+"""sysexits: a service the command needs (the MQTT broker) cannot be reached."""
+EX_NOPERM = 77
+"""sysexits: the broker refused the credentials."""
 EX_CONFIG = 78
 NumberT = TypeVar("NumberT", int, float)
 
@@ -62,6 +68,17 @@ def _not_negative(text: str) -> float:
         "a number",
         lambda v: v >= 0 and math.isfinite(v),
         "must be a finite number of 0 or more",
+    )
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    return _checked(
+        text,
+        float,
+        "a number",
+        lambda v: v > 0 and math.isfinite(v),
+        "must be a finite number above 0",
     )
 
 
@@ -279,6 +296,12 @@ def _status_parser(sub: Any) -> None:
     status.add_argument("--tls", action="store_true", help="connect with TLS")
     status.add_argument("--ca-file", type=Path, default=None, help="CA bundle for TLS")
     status.add_argument("--json", action="store_true", help="print the snapshot as one JSON object")
+    status.add_argument(
+        "--timeout",
+        type=_positive,
+        default=5.0,
+        help="seconds to wait for the broker to answer (default 5)",
+    )
 
 
 def _broker_override(broker: str | None) -> dict[str, Any]:
@@ -314,13 +337,23 @@ def _status(args: argparse.Namespace) -> int:
     site = args.site if args.site != "+" or args.config is None else settings.site
     try:
         snapshot = asyncio.run(
-            collect(settings.mqtt, root=settings.topic_root, site=site, wait_s=args.wait)
+            collect(
+                settings.mqtt,
+                root=settings.topic_root,
+                site=site,
+                wait_s=args.wait,
+                timeout_s=args.timeout,
+            )
         )
-    except (TimeoutError, PolcaError) as exc:
-        sys.stderr.write(
-            f"cannot reach the broker {settings.mqtt.host}:{settings.mqtt.port}: {exc}\n"
-        )
-        return 1
+    except TransportAuthError as exc:  # refused: retrying with the same user cannot help
+        sys.stderr.write(f"{exc}\n")
+        return EX_NOPERM
+    except FatalError as exc:  # TLS files, protocol version
+        sys.stderr.write(f"{exc}\n")
+        return EX_CONFIG
+    except PolcaError as exc:  # unreachable, or no answer in time
+        sys.stderr.write(f"{exc}\n")
+        return EX_UNAVAILABLE
     import time  # noqa: PLC0415
 
     if args.json:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from polca.errors import PolcaError, TransportError
 from polca.settings import MqttSettings
 from polca.telemetry.bus import InMessage, MqttBus
 from polca.telemetry.schema import Control, RowSummary, SchemaError, State, Status, decode
@@ -196,8 +197,15 @@ def as_json(snapshot: Snapshot, *, now_ns: int) -> dict[str, Any]:
     }
 
 
-async def collect(settings: MqttSettings, *, root: str, site: str, wait_s: float) -> Snapshot:
-    """Subscribe, gather retained messages for ``wait_s`` seconds, disconnect."""
+async def collect(
+    settings: MqttSettings, *, root: str, site: str, wait_s: float, timeout_s: float = 5.0
+) -> Snapshot:
+    """Subscribe, gather retained messages for ``wait_s`` seconds, disconnect.
+
+    Fails fast, once, without retrying: ``TransportAuthError`` when the broker refuses
+    the credentials, ``TransportError`` when it cannot be reached or does not answer
+    within ``timeout_s``, ``ConfigError`` for unusable TLS files.
+    """
     topics = Topics(root)
     filters: Sequence[str] = (
         f"{root}/{site}/+/summary",
@@ -208,26 +216,30 @@ async def collect(settings: MqttSettings, *, root: str, site: str, wait_s: float
         f"{root}/{site}/aggregator/+/status",
     )
     bus = MqttBus(
-        settings,
+        settings.model_copy(update={"connect_timeout_s": timeout_s}),
         client_id=f"polca-status-{time.time_ns() % 10**9}",
         subscriptions=[(f, 1) for f in filters],
+        attempts=1,
     )
     snapshot = Snapshot()
-    async with asyncio.TaskGroup() as tg:
-        run = tg.create_task(bus.run())
-        try:
-            async with asyncio.timeout(settings.connect_timeout_s):
-                await bus.connected.wait()
-        except TimeoutError:
-            run.cancel()
-            raise
-        deadline = asyncio.get_running_loop().time() + wait_s
-        while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            try:
-                async with asyncio.timeout(left):
-                    message = await bus.get()
-            except TimeoutError:
-                break
-            snapshot.add(topics, message)
-        await bus.close()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(bus.run())  # its error (refused, unreachable) ends the group
+            connected = tg.create_task(bus.connected.wait())
+            done, _ = await asyncio.wait({connected}, timeout=timeout_s)
+            if not done:
+                where = f"{settings.host}:{settings.port}"
+                msg = f"no answer from the MQTT broker {where} within {timeout_s:g} s"
+                raise TransportError(msg)
+            deadline = asyncio.get_running_loop().time() + wait_s
+            while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                try:
+                    async with asyncio.timeout(left):
+                        message = await bus.get()
+                except TimeoutError:
+                    break
+                snapshot.add(topics, message)
+            await bus.close()
+    except* PolcaError as failed:  # the bus's own error, not a group of one
+        raise failed.exceptions[0]  # noqa: B904 - the first failure is the command's
     return snapshot

@@ -46,7 +46,7 @@ import structlog
 from aiomqtt.exceptions import MqttConnectError
 
 from polca import aiokit
-from polca.errors import ConfigError, TransportAuthError
+from polca.errors import ConfigError, TransportAuthError, TransportError
 from polca.telemetry.checks import DropLog
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES
 
@@ -232,8 +232,12 @@ class MqttBus:
         logger: FilteringBoundLogger | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         mono_ns: Callable[[], int] = time.monotonic_ns,
+        attempts: int | None = None,
     ) -> None:
+        """``attempts``: connection attempts before ``run()`` gives up with a
+        ``TransportError`` (one-shot commands: 1); None, the daemons': forever."""
         self._settings = settings
+        self._attempts = attempts
         self._clock_ns = clock_ns
         self._mono_ns = mono_ns
         self._client_id = client_id
@@ -363,8 +367,9 @@ class MqttBus:
         """Connect and serve until ``close()``, reconnecting with jittered backoff.
 
         Returns only after ``close()``. Raises ``TransportAuthError`` when the broker refuses
-        the credentials and ``ConfigError`` for unusable settings (TLS files, protocol
-        version); ``CancelledError`` propagates after a bounded clean disconnect.
+        the credentials, ``ConfigError`` for unusable settings (TLS files, protocol
+        version), and ``TransportError`` once ``attempts`` connection attempts failed;
+        ``CancelledError`` propagates after a bounded clean disconnect.
         """
         if self._running:
             msg = "MqttBus.run() is already running"
@@ -388,6 +393,12 @@ class MqttBus:
                     if task is not None and task.cancelling():
                         raise asyncio.CancelledError from exc
                     _raise_if_fatal(exc, self._settings)
+                    if not connected and self._attempts is not None:
+                        self._attempts -= 1
+                        if self._attempts <= 0:
+                            where = f"{self._settings.host}:{self._settings.port}"
+                            msg = f"cannot reach the MQTT broker {where}: {exc}"
+                            raise TransportError(msg) from exc
                     if connected:  # the first reconnect after an outage is quick
                         delays = self._new_backoff()
                     self._last_error = str(exc)
