@@ -11,7 +11,7 @@ does). Against it, each in its own process and logged in as its own user:
 - three honest agents (``polca agent``, one process each, users ``n0-1``, ``n0-2`` and
   ``n1-0``) on simulated GPUs (8 H100s each, one telemetry message a second of about
   6 KB). With the aggregator's default four node connections, ``n0-2`` shares the
-  flooder's (``polca.aggregator.intake.node_connection``), the others do not;
+  flooder's (``polca.aggregator.intake.node_shard``), the others do not;
 - ``--flooders`` processes (2), logged in as the fourth node ``n0-0`` (whose credentials
   were stolen, or whose firmware went wrong), publishing valid telemetry on that node's
   own topic ``polca/v1/bench/row1/r0/n0-0/telemetry`` at QoS 0 as fast as the broker takes
@@ -105,7 +105,7 @@ SITE, ROW, INSTANCE = "bench", "row1", "bench-agg"
 FLOODER = node_name(0, 0)
 HONEST = (("r0", node_name(0, 1)), ("r0", node_name(0, 2)), ("r1", node_name(1, 0)))
 """The honest agents; with the aggregator's default 4 node connections, n0-2 shares the
-flooder's (``polca.aggregator.intake.node_connection``), n0-1 and n1-0 do not."""
+flooder's (``polca.aggregator.intake.node_shard``), n0-1 and n1-0 do not."""
 OBSERVER = "polca-bench-observer"
 LOAD = "polca-bench-load"
 LOAD_PER_RACK = 50
@@ -829,16 +829,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return _result(args, per_phase, result.broker)
 
 
-def _node_connections() -> dict[str, int] | None:
-    """Which of the aggregator's node connections carries each node (None: no such thing)."""
-    try:
-        from polca.aggregator.config import IntakeSettings
-        from polca.aggregator.intake import node_connection
-    except ImportError:
-        return None
-    count = getattr(IntakeSettings(), "connections", 1)
-    nodes = [FLOODER, *(node for _rack, node in HONEST)]
-    return {node: int(node_connection(node, count)) for node in nodes}
+def _node_connections() -> dict[str, str]:
+    """Which of the aggregator's node connections carries each node (by default)."""
+    from polca.aggregator.config import IntakeSettings
+    from polca.aggregator.intake import node_shard
+
+    count = IntakeSettings().connections
+    return {node: node_shard(node, count) for node in [FLOODER, *(n for _rack, n in HONEST)]}
 
 
 def _result(
@@ -920,9 +917,9 @@ def _print(result: dict[str, Any]) -> None:
     for key, label in rows:
         cells = "".join(f"{'-' if phases[n][key] is None else phases[n][key]!s:>14}" for n in names)
         print(f"{label:<30}{cells}")
-    connections = result["node_connections"] or {}
+    connections = result["node_connections"]
     for _rack, node in HONEST:
-        shared = connections.get(node) == connections.get(FLOODER, -1)
+        shared = connections[node] == connections[FLOODER]
         label = f"  {node} stale{' (flooder conn.)' if shared else ''}"
         cells = "".join(f"{phases[n]['honest_stale_by_node'][node]:>14}" for n in names)
         print(f"{label:<30}{cells}")

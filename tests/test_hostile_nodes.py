@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from polca.aggregator import messages
 from polca.aggregator.config import AggregatorSettings
-from polca.aggregator.intake import node_connection
+from polca.aggregator.intake import node_shard
 from polca.telemetry.bus import OutMessage
 from polca.telemetry.memory import MemoryBus
 from polca.telemetry.schema import (
@@ -215,7 +215,7 @@ async def test_a_flooding_node_is_moved_to_a_connection_of_its_own(tmp_path: Pat
     await row.start()
     await row.run(2)
     agg = row.aggregator
-    shared = agg.intake_buses[f"nodes-{node_connection('n4', agg.settings.intake.connections)}"]
+    shared = agg.intake_buses[node_shard("n4", agg.settings.intake.connections)]
     quarantine = agg.intake_buses["quarantine"]
     topic = f"{BASE}/rack2/n4/telemetry"
     assert isinstance(shared, MemoryBus)

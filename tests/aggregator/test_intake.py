@@ -228,7 +228,8 @@ def test_subscriptions_cover_owned_rows_only() -> None:
     assert f"{BASE}/control" in filters
     assert not any(f.endswith(("/telemetry", "/meter")) for f in filters)
     assert intake.source_subscriptions() == [(f"{BASE}/meter", 0)]
-    shards = intake.node_subscriptions(4)
+    shards = list(intake.node_subscriptions(4).values())
+    assert shards.pop() == []  # nobody quarantined
     assert all(shards)  # 40 nodes spread over every connection
     topics = [f for shard in shards for f, _ in shard]
     assert len(topics) == len(set(topics)) == 40 * 3

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polca.aggregator.config import NodeSpec, RackSpec, RowSpec
-from polca.aggregator.rollup import IDENTITIES_PER_GPU, Plausibility, RowTracker
+from polca.aggregator.config import IntakeSettings, NodeSpec, RackSpec, RowSpec
+from polca.aggregator.rollup import IDENTITIES_PER_GPU, RowTracker
 from polca.telemetry.schema import GpuTelemetry, Status, Telemetry
 
 STALE_S = 5.0
-BOUNDS = Plausibility(max_gpus_per_node=8, max_gpu_power_w=1400.0, headroom_fraction=0.25)
+BOUNDS = IntakeSettings(max_gpus_per_node=8, max_gpu_power_w=1400.0, power_headroom_fraction=0.25)
 
 
 def _row(*nodes: NodeSpec) -> RowSpec:

@@ -464,7 +464,7 @@ def test_strict_aggregator_reads_are_its_subscriptions() -> None:
     )
     shards = intake.node_subscriptions(settings.intake.connections)
     filters = [topic_filter for topic_filter, _ in intake.subscriptions()]
-    filters += [topic_filter for shard in shards for topic_filter, _ in shard]
+    filters += [topic_filter for shard in shards.values() for topic_filter, _ in shard]
     filters += [topic_filter for topic_filter, _ in intake.source_subscriptions()]
     subscribed = [
         topic for topic in S_UNIVERSE if any(aiomqtt.Topic(topic).matches(f) for f in filters)

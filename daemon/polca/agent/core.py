@@ -127,7 +127,6 @@ class AgentCore:
         self._deferred_logged = 0  # ``classes.deferred`` at the last log line about them
         self._reports = RateGate(REPORT_EVERY_S)  # message-driven reports, by kind
         self.policy_rejections = 0  # invalid policy bundles received
-        self._rejections_unreported = 0  # of them, not published as an event yet
         self._rejected_revision: str | None = None  # the last invalid bundle's revision
         self._observed_levels: dict[str, int] = {}  # scope -> level of its last observed
         self.engine_state = EngineState()
@@ -519,7 +518,7 @@ class AgentCore:
             return Received()
         if bundle.revision == self._rejected_revision:
             self.policy_rejections += 1
-            self._rejections_unreported += 1
+            self._reports.hold("policy_rejected")  # said in the next report's ``suppressed``
             self.log.debug("policy_rejected_again", trigger="mqtt", revision=bundle.revision)
             return Received()
         result = self.policy_store.replace(bundle.text, source=f"mqtt:{topic}")
@@ -545,11 +544,11 @@ class AgentCore:
         """Count one invalid policy bundle; publish it unless one was less than 10 s ago."""
         self._rejected_revision = revision
         self.policy_rejections += 1
-        if self._reports.admit("policy_rejected", now_mono_ns / 1e9) is None:
-            self._rejections_unreported += 1
+        times = self._reports.admit("policy_rejected", now_mono_ns / 1e9)
+        if times is None:
             self.log.debug("policy_rejected_suppressed", trigger="mqtt", revision=revision)
             return
-        suppressed, self._rejections_unreported = self._rejections_unreported, 0
+        suppressed = times - 1  # held back since the last report
         self.log.error(
             "policy_rejected",
             trigger="mqtt",

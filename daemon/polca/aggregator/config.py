@@ -23,12 +23,10 @@ from polca.telemetry.schema import MAX_PAYLOAD_BYTES, MAX_ROW_NODES, MAX_ROW_RAC
 MAX_BUDGET_W = 1e9
 """A row's or rack's budget: 1 GW, beyond any real power domain. With the node bounds
 below, a row's summed power stays far inside what its summary carries (``MAX_TOTAL_W``)."""
-MAX_NODE_W = 1e6
+MAX_DECLARED_NODE_W = 1e6
 """A node's declared nameplate or non-GPU power."""
 MAX_GPU_W = 1e4
 """One GPU's declared or assumed maximum power."""
-MAX_NODES_PER_ROW = MAX_ROW_NODES
-MAX_RACKS_PER_ROW = MAX_ROW_RACKS
 
 _NAME = r"^[A-Za-z0-9_.-]{1,128}$"
 RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator"})
@@ -46,7 +44,7 @@ class NodeSpec(_Model):
     non_gpu_w: float = Field(
         0.0,
         ge=0,
-        le=MAX_NODE_W,
+        le=MAX_DECLARED_NODE_W,
         description="Non-GPU power (CPUs, fans, NICs) added to the GPUs' power.",
     )
     non_gpu_factor: float = Field(
@@ -55,7 +53,7 @@ class NodeSpec(_Model):
     nameplate_w: float | None = Field(
         None,
         gt=0,
-        le=MAX_NODE_W,
+        le=MAX_DECLARED_NODE_W,
         description="Worst-case node power: counted while the node is stale or offline, and "
         "the most any of its readings is counted at (a higher claim is implausible); "
         "default: the GPUs' enforced limits from its last telemetry plus non-GPU power "
@@ -85,7 +83,7 @@ class RackSpec(_Model):
     budget_w: float | None = Field(
         None, gt=0, le=MAX_BUDGET_W, description="Rack electrical budget, if any."
     )
-    nodes: tuple[NodeSpec, ...] = Field(min_length=1, max_length=MAX_NODES_PER_ROW)
+    nodes: tuple[NodeSpec, ...] = Field(min_length=1, max_length=MAX_ROW_NODES)
 
 
 class RowSpec(_Model):
@@ -99,7 +97,7 @@ class RowSpec(_Model):
     meter_max_age_s: float = Field(
         5.0, gt=0, le=3600, description="A meter reading older than this is ignored."
     )
-    racks: tuple[RackSpec, ...] = Field(min_length=1, max_length=MAX_RACKS_PER_ROW)
+    racks: tuple[RackSpec, ...] = Field(min_length=1, max_length=MAX_ROW_RACKS)
 
     def nodes(self) -> list[tuple[RackSpec, NodeSpec]]:
         """Every node of the row with its rack."""
@@ -108,9 +106,9 @@ class RowSpec(_Model):
     @model_validator(mode="after")
     def _bounded(self) -> Self:
         count = sum(len(rack.nodes) for rack in self.racks)
-        if count > MAX_NODES_PER_ROW:
+        if count > MAX_ROW_NODES:
             msg = (
-                f"row {self.name} has {count} nodes; at most {MAX_NODES_PER_ROW} fit one row's "
+                f"row {self.name} has {count} nodes; at most {MAX_ROW_NODES} fit one row's "
                 "summary: split it into rows"
             )
             raise ValueError(msg)

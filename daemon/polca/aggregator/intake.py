@@ -188,9 +188,10 @@ class Intake:
         addr = NodeAddress(self.site, row, self.trackers[row].nodes[node].rack, node)
         return [(self.topics.node(addr, channel), 0) for channel in _NODE_CHANNELS]
 
-    def node_subscriptions(self, connections: int) -> list[list[tuple[str, int]]]:
-        """The nodes' topics (telemetry, status, events), spread over ``connections``
-        connections, each node on one (``node_connection``): the broker's queue for a
+    def node_subscriptions(self, connections: int) -> dict[str, list[tuple[str, int]]]:
+        """The nodes' topics (telemetry, status, events) by connection: ``nodes-N`` for N
+        below ``connections``, each node on one (``node_shard``), and ``quarantine``
+        for the nodes moved off theirs (``NodeView.quarantined``). The broker's queue for a
         connection is shared by every node on it, so a flood fills one only.
 
         At QoS 0: a broker that drops QoS 1 messages to a connection whose queue is full
@@ -198,15 +199,20 @@ class Intake:
         connection that never publishes does not; with clean sessions QoS 1 would promise
         nothing polca relies on here.
         """
-        shards: list[list[tuple[str, int]]] = [[] for _ in range(connections)]
+        shards: dict[str, list[tuple[str, int]]] = {
+            f"nodes-{index}": [] for index in range(connections)
+        }
+        shards["quarantine"] = []
         for name, tracker in self.trackers.items():
-            for node in tracker.nodes:
-                shards[node_connection(node, connections)].extend(self.node_topics(name, node))
+            for node, view in tracker.nodes.items():
+                shard = "quarantine" if view.quarantined else node_shard(node, connections)
+                shards[shard].extend(self.node_topics(name, node))
         return shards
 
     def take_quarantined(self) -> list[tuple[str, str]]:
         """The (row, node) pairs newly over ``quarantine_after`` refusals, for the shell to
-        move to the quarantine connection (each once)."""
+        move to the quarantine connection (each once; ``node_subscriptions`` already lists
+        them there)."""
         taken, self._to_quarantine = self._to_quarantine, []
         return taken
 
@@ -416,9 +422,10 @@ class Intake:
         return RetainedControl(control) if message.retain else None
 
 
-def node_connection(node: str, connections: int) -> int:
-    """Which of ``connections`` intake connections carries ``node``'s topics (stable)."""
-    return zlib.crc32(node.encode()) % connections
+def node_shard(node: str, connections: int) -> str:
+    """The name of the intake connection (of ``connections``) that carries ``node``'s topics
+    until it is quarantined (stable: a hash of its name)."""
+    return f"nodes-{zlib.crc32(node.encode()) % connections}"
 
 
 def _not_retained(message: InMessage, what: str) -> None:

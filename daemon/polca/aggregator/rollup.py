@@ -14,7 +14,7 @@ each control interval. How a node counts:
 
 A node's GPU power is the larger of its reported sum and the sum of its GPUs' readings, so a
 node cannot under-report by contradicting itself. Nor can it over-report beyond what it can
-draw (``Plausibility``): its GPU count and per-GPU maximum are fixed by the topology
+draw (``IntakeSettings``): its GPU count and per-GPU maximum are fixed by the topology
 (``gpus``, ``gpu_max_power_w``) or its first telemetry (cut to the site's maxima); a
 reading above that bound, or above a declared ``nameplate_w``, is implausible and counted at
 the bound (never below its last plausible reading: fail safe, not open); GPUs beyond the
@@ -46,21 +46,6 @@ more GPUs than the node has (``gpu_list``), or GPU identities beyond what it can
 IDENTITIES_PER_GPU = 2
 """Distinct (index, UUID) pairs a node may use per GPU over an aggregator's life: room for
 a GPU replaced in maintenance, none for a stream of invented ones (each a new series)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Plausibility:
-    """What a node can draw, when its topology does not say (``IntakeSettings``)."""
-
-    max_gpus_per_node: int
-    max_gpu_power_w: float
-    headroom_fraction: float
-
-    @classmethod
-    def of(cls, intake: IntakeSettings | None = None) -> Plausibility:
-        """The bounds the aggregator's intake settings give (their defaults: None)."""
-        intake = intake or IntakeSettings()
-        return cls(intake.max_gpus_per_node, intake.max_gpu_power_w, intake.power_headroom_fraction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +88,27 @@ class NodeView:
             return 0.0
         return self._node_w(self.limits_w)
 
+    def gpu_ceiling_w(self) -> float:
+        """The most GPU power it is counted at: its bound, never below its last plausible
+        reading (fail safe, not open); 0 before it reported any GPU."""
+        return max(self.gpu_bound_w or 0.0, self.plausible_gpu_w)
+
+    def _with_non_gpu_w(self, gpu_w: float) -> float:
+        return gpu_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
+
     def _node_w(self, gpu_w: float) -> float:
         """Node power from GPU power: the non-GPU share added, within the plausible bound."""
-        gpu_w = min(gpu_w, max(self.gpu_bound_w or 0.0, self.plausible_gpu_w))
-        power_w = gpu_w * (1 + self.spec.non_gpu_factor) + self.spec.non_gpu_w
+        power_w = self._with_non_gpu_w(min(gpu_w, self.gpu_ceiling_w()))
         if self.spec.nameplate_w is not None:
             power_w = min(power_w, self.spec.nameplate_w)
         return power_w
+
+    def plausible(self, gpu_w: float) -> bool:
+        """Whether a GPU power claim is within what the node can draw (and its nameplate)."""
+        if gpu_w > self.gpu_ceiling_w():
+            return False
+        nameplate_w = self.spec.nameplate_w
+        return nameplate_w is None or self._with_non_gpu_w(gpu_w) <= nameplate_w
 
     def implausible(self, now_s: float, within_s: float) -> bool:
         """Whether it sent implausible telemetry within the last ``within_s``."""
@@ -131,7 +130,7 @@ class NodeView:
             return self.nameplate_w()
         return self._node_w(self.gpu_power_w)
 
-    def learn(self, gpus: tuple[GpuTelemetry, ...], bounds: Plausibility) -> None:
+    def learn(self, gpus: tuple[GpuTelemetry, ...], bounds: IntakeSettings) -> None:
         """Fix the GPU count and per-GPU bound from the topology or the first report."""
         count = self.spec.gpus or min(len(gpus), bounds.max_gpus_per_node)
         if count == 0:
@@ -141,7 +140,7 @@ class NodeView:
             reported = [g.power_limit_max_w for g in gpus if g.power_limit_max_w is not None]
             per_gpu_w = min(max(reported, default=bounds.max_gpu_power_w), bounds.max_gpu_power_w)
         self.gpu_count = count
-        self.gpu_bound_w = count * per_gpu_w * (1 + bounds.headroom_fraction)
+        self.gpu_bound_w = count * per_gpu_w * (1 + bounds.power_headroom_fraction)
 
     def admit_gpus(
         self, gpus: tuple[GpuTelemetry, ...]
@@ -240,7 +239,8 @@ class RowTracker:
     """The live state of one row, fed by the intake."""
 
     spec: RowSpec
-    bounds: Plausibility = field(default_factory=Plausibility.of)
+    bounds: IntakeSettings = field(default_factory=IntakeSettings)
+    """What a node can draw when its topology does not say (``learn``)."""
     nodes: dict[str, NodeView] = field(default_factory=dict)
     meter_w: float | None = None
     meter_received_s: float | None = None
@@ -295,15 +295,10 @@ class RowTracker:
         view.received_s = now_s
         view.status = "online"
         claimed_w = max(telemetry.node_gpu_power_w, gpus_w)
-        bound_w = view.gpu_bound_w if view.gpu_bound_w is not None else 0.0
-        if claimed_w > max(bound_w, view.plausible_gpu_w) or (
-            view.spec.nameplate_w is not None
-            and claimed_w * (1 + view.spec.non_gpu_factor) + view.spec.non_gpu_w
-            > view.spec.nameplate_w
-        ):
-            anomalies.append("power")
-        else:
+        if view.plausible(claimed_w):
             view.plausible_gpu_w = claimed_w
+        else:
+            anomalies.append("power")
         view.gpu_power_w = claimed_w  # counted within the bound (NodeView._node_w)
         if limited:
             view.limits_w = limits_w
@@ -312,7 +307,7 @@ class RowTracker:
             view.implausible_readings += 1
         # Energy is held to the same bound over the interval the node claims (at most an
         # hour; the intake admits a few messages per second).
-        bound_j = max(bound_w, view.plausible_gpu_w) * telemetry.interval_s
+        bound_j = view.gpu_ceiling_w() * telemetry.interval_s
         self.energy_j += min(telemetry.node_energy_delta_j, bound_j)
         counted_w = view.power_w("fresh")
         self.estimate_w += counted_w - view.counted_w

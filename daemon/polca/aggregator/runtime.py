@@ -39,7 +39,7 @@ from polca.aggregator.intake import (
     RetainedControl,
     TelemetryIn,
     Urgent,
-    node_connection,
+    node_shard,
 )
 from polca.aggregator.step import RowControl, StepResult
 from polca.coord.etcd import Elector, EtcdClient
@@ -102,7 +102,6 @@ class Aggregator:
         """The connections that only take messages in: ``nodes-N`` (each node's topics on
         one), ``sources`` (meters and CDUs), ``quarantine`` (nodes moved off theirs for
         flooding it)."""
-        self._shards: dict[str, list[tuple[str, int]]] = {}  # bus name -> its subscriptions
         self.step_failures = DropLog("control_step_failed", every_s=60.0, logger=self.log)
         """Control steps that raised (logged with the traceback, at most once a minute)."""
         self.control_wake = asyncio.Event()
@@ -202,15 +201,8 @@ class Aggregator:
             clock_ns=self.clock_ns,
             mono_ns=self.mono_ns,
         )
-        shards = {
-            f"nodes-{index}": subscriptions
-            for index, subscriptions in enumerate(
-                self.intake.node_subscriptions(self.settings.intake.connections)
-            )
-        }
+        shards = self.intake.node_subscriptions(self.settings.intake.connections)
         shards["sources"] = self.intake.source_subscriptions()
-        shards["quarantine"] = []  # nodes that flood, moved here (``_quarantine``)
-        self._shards = shards
         self.intake_buses = {
             name: self.bus_factory(
                 self.settings.mqtt,
@@ -394,14 +386,13 @@ class Aggregator:
         """Move a flooding node's topics from its shared connection to the quarantine one:
         the broker's queue of the connection it shared drains, the other nodes' readings
         get through again; its own still count, through its own connection."""
-        topics = self.intake.node_topics(row, node)
-        shared = f"nodes-{node_connection(node, self.settings.intake.connections)}"
-        if shared not in self._shards:
-            return  # no connections made (a test driving the intake without start())
-        self._shards[shared] = [t for t in self._shards[shared] if t not in topics]
-        self._shards["quarantine"] = [*self._shards["quarantine"], *topics]
+        connections = self.settings.intake.connections
+        shared = node_shard(node, connections)
+        shards = self.intake.node_subscriptions(connections)
         for name in (shared, "quarantine"):
-            self.intake_buses[name].resubscribe(self._shards[name])
+            bus = self.intake_buses.get(name)  # none before start()
+            if bus is not None:
+                bus.resubscribe(shards[name])
         self._event("node_quarantined", row=row, node=node, connection=shared)
 
     # ------------------------------------------------------------------ leadership

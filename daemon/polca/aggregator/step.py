@@ -31,7 +31,7 @@ import structlog
 
 from polca.aggregator.config import AggregatorSettings, RowSpec
 from polca.aggregator.controller import ScopeController, ScopeDecision
-from polca.aggregator.rollup import NodeHealth, Plausibility, RowRollup, RowTracker
+from polca.aggregator.rollup import NodeHealth, RowRollup, RowTracker
 from polca.cooling.budgets import effective_rack_budgets, effective_row_budget_w
 from polca.cooling.supervisor import CoolingStep, CoolingSupervisor
 from polca.policy import LoadedPolicy
@@ -116,9 +116,11 @@ class RowControl:
         """Trackers and controllers for every owned row; nothing decided before ``start``."""
         self.settings = settings
         self.log: Any = log if log is not None else structlog.get_logger()
-        bounds = Plausibility.of(settings.intake)
-        self.trackers = {row.name: RowTracker(row, bounds) for row in settings.rows}
+        self.trackers = {row.name: RowTracker(row, settings.intake) for row in settings.rows}
         self.cooling = CoolingSupervisor(settings.cooling)
+        self._shared: dict[int, Any] = {
+            id(o): o for o in (settings.cooling, *settings.cooling.loops)
+        }
         self.controllers: dict[Scope, ScopeController] = {}
         for row in settings.rows:
             self.controllers[(row.name, None)] = self._controller(row.name, None, epoch_ns)
@@ -145,7 +147,9 @@ class RowControl:
         """What a step changes, to put back if it fails (``restore``)."""
         return Checkpoint(
             controllers={key: copy.copy(c) for key, c in self.controllers.items()},
-            cooling=copy.deepcopy(self.cooling),
+            # The configuration is immutable: shared with the copy, not copied each step (a
+            # fresh memo each time: deepcopy fills it with this step's copies).
+            cooling=copy.deepcopy(self.cooling, memo=dict(self._shared)),
             warm=self.warm,
             last=self.last,
         )

@@ -14,9 +14,10 @@ escalation is the debounce's and not part of a spec.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from polca.cooling.debounce import AlarmAction, AlarmState, Delays
 from polca.cooling.evidence import Evidence
@@ -350,6 +351,17 @@ class AlarmEngine:
             for spec in specs
         }
         self.worst_rank = 0  # after the last step: 0 none .. 3 critical
+
+    def __deepcopy__(self, _memo: dict[int, Any]) -> AlarmEngine:
+        """A copy owning the alarms' states and sharing what never changes (the loop's
+        spec, the alarm specs and limits): the aggregator checkpoints its cooling every
+        control step (``RowControl.checkpoint``), which must stay cheap."""
+        clone = copy.copy(self)
+        clone._tracked = {
+            kind: _Tracked(t.spec, t.limits, t.state.copy(), t.last)
+            for kind, t in self._tracked.items()
+        }
+        return clone
 
     def rank(self, kind: AlarmKind) -> int:
         """The severity rank an alarm is at (0: not raised)."""

@@ -19,7 +19,7 @@ restarts every debounce: without evidence, nothing raises, clears or escalates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from polca.cooling.loops import AlarmTiming, severity_rank
@@ -43,6 +43,10 @@ class AlarmState:
     time_rank: int = 0  # rank reached by persistence; held while the condition lasts
     above_since_s: list[float | None] = field(default_factory=lambda: [None, None, None, None])
     below_since_s: float | None = None
+
+    def copy(self) -> AlarmState:
+        """An independent copy (the delays are immutable and shared)."""
+        return replace(self, above_since_s=list(self.above_since_s))
 
     @property
     def idle(self) -> bool:

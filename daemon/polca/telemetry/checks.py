@@ -203,6 +203,10 @@ class RateGate:
         self._passed_at: dict[str, float] = {}
         self._held: Counter[str] = Counter()
 
+    def hold(self, key: str) -> None:
+        """Count one occurrence that may not pass at all (it is in the next pass's count)."""
+        self._held[key] += 1
+
     def admit(self, key: str, now_s: float) -> int | None:
         """None: hold this one back (counted); else the occurrences since the last pass."""
         self._held[key] += 1

@@ -80,9 +80,7 @@ class MemoryBroker:
         self._clients.append(client)
         for msg in client.birth_messages():
             self.publish(msg)
-        for topic, msg in list(self.retained.items()):
-            if client.subscribed_to(topic):
-                client.deliver(msg, retain=True)
+        self.subscribed(client, client.filters)
 
     def subscribed(self, client: MemoryBus, filters: Sequence[str]) -> None:
         """``client`` subscribed to ``filters`` while connected: their retained messages."""
