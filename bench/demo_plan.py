@@ -1,6 +1,6 @@
 """Does the planner sign `polca demo`'s row? The demo's uncapped load, planned from.
 
-``polca.demo.uncapped_load`` computes the demo row's uncapped counterfactual (the same
+``polca.demo.load.uncapped_load`` computes the demo row's uncapped counterfactual (the same
 simulated GPUs and tenant replays as a run, on a simulated clock: no daemons, seconds of
 CPU per simulated minute) and writes it as the power history ``polca plan --history``
 reads. The planner then replays it with the demo's policy on the simulated backend's
@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.benchkit import write_result  # noqa: E402
 
-from polca.demo import DemoOptions, uncapped_load  # noqa: E402
+from polca.demo.load import uncapped_load  # noqa: E402
+from polca.demo.options import DemoOptions  # noqa: E402
 from polca.policy import load_policy  # noqa: E402
 from polca.sim.agreement import plan_demo_row  # noqa: E402
 

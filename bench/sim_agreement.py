@@ -70,7 +70,7 @@ def _demo(args: argparse.Namespace, record: Path) -> str:
 
 def run(args: argparse.Namespace, record: Path) -> dict[str, Any]:
     """The demo through Mosquitto, recorded; then the replay and the comparison."""
-    from polca.demo import DEMO_POLICY, DemoOptions
+    from polca.demo.options import DEMO_POLICY, DemoOptions
     from polca.policy import load_policy
     from polca.sim.agreement import agreement
 

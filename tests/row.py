@@ -21,8 +21,9 @@ from typing import Any
 from polca.agent.runtime import Agent
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.runtime import Aggregator
-from polca.cooling.plant import CduRatings, SimulatedCdu
+from polca.cooling.plant import SimulatedCdu
 from polca.cooling.publisher import publish_plant_once
+from polca.cooling.ratings import CduRatings
 from polca.export.sink import MemorySink
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
@@ -245,7 +246,7 @@ class Row:
         for node in self.nodes.values():
             await self.start_agent(node)
         if aggregator:
-            self.start_aggregator()
+            await self.start_aggregator()
         self.deliver()
 
     async def start_agent(self, node: Node) -> None:
@@ -253,17 +254,17 @@ class Row:
         await node.agent.start()
         node.bus.connect()
 
-    def start_aggregator(self) -> None:
-        """Start the aggregator and connect it."""
-        self.aggregator.start(self.clock.seconds())
+    async def start_aggregator(self) -> None:
+        """Start the aggregator and connect it (its warm-up counts from ``clock.mono``)."""
+        await self.aggregator.start()
         for bus in (self.aggregator.bus, *self.aggregator.intake_buses.values()):
             assert isinstance(bus, MemoryBus)
             bus.connect()
 
-    def restart_aggregator(self) -> None:
+    async def restart_aggregator(self) -> None:
         """A new aggregator process (same configuration) in place of the old one."""
         self.aggregator = self._new_aggregator()
-        self.start_aggregator()
+        await self.start_aggregator()
 
     def aggregator_bus(self) -> MemoryBus | None:
         """The aggregator's control connection, when it is connected."""

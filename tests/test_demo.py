@@ -74,7 +74,8 @@ def test_demo_row_reaches_caps_and_prints_a_summary(tmp_path: Path) -> None:
 def test_tenants_are_dealt_over_the_racks_at_their_own_phases() -> None:
     """Node n serves tenant n % tenants; each tenant's replay starts at its own phase with
     its share of the load; one tenant is the whole row's single replay."""
-    from polca.demo import DemoOptions, tenant_replays
+    from polca.demo.load import tenant_replays
+    from polca.demo.options import DemoOptions
     from polca.workload.trace import Trace
 
     trace = Trace.load()
@@ -100,7 +101,8 @@ def test_the_planner_signs_the_demo_default(tmp_path: Path) -> None:
     events and the brake level never reached, while the load does exceed the budget (the
     row is oversubscribed); the old default (one tenant, POLCA's thresholds, 75% of
     nameplate) is refused. bench/demo_plan.py runs the same check over 30 minutes."""
-    from polca.demo import DEMO_POLICY, DemoOptions, uncapped_load
+    from polca.demo.load import uncapped_load
+    from polca.demo.options import DEMO_POLICY, DemoOptions
     from polca.policy import load_policy
     from polca.sim.agreement import plan_demo_row
 

@@ -1,13 +1,28 @@
-"""The exit record: crash streaks, kills, clean stops, and a hostile file."""
+"""How a process ends: the exit-code policy, and the exit record (crash streaks, kills, clean
+stops, a hostile file)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
+import structlog
 from structlog.testing import capture_logs
 
-from polca.exits import EXITS_FILE, KILLED, ExitRecord, Streak, describe_failure
+from polca.errors import ConfigError, PolicyError, TransportError
+from polca.exits import (
+    EX_CONFIG,
+    EX_FAILURE,
+    EX_INTERRUPTED,
+    EXITS_FILE,
+    KILLED,
+    ExitRecord,
+    Streak,
+    describe_failure,
+    exit_code,
+)
 
 
 def test_the_same_failure_in_a_row_makes_a_streak(tmp_path: Path) -> None:
@@ -63,3 +78,52 @@ def test_failures_are_described_by_their_first_leaf() -> None:
     """An ExceptionGroup is described by its first leaf, on one line."""
     group = ExceptionGroup("tasks", [ValueError("bad\nsecond line"), OSError("x")])
     assert describe_failure(group) == "ValueError: bad"
+
+
+def _ended(
+    exc: BaseException, daemon: str = "aggregator"
+) -> tuple[int, list[MutableMapping[str, Any]]]:
+    with capture_logs() as logs:
+        code = exit_code(exc, structlog.get_logger(), daemon=daemon)
+    return code, logs
+
+
+def test_a_fatal_error_exits_78_and_names_the_daemon() -> None:
+    """A configuration problem or a bad policy is EX_CONFIG (no restart), logged as fatal."""
+    for error in (ConfigError("no such file"), PolicyError("level 3 has no caps")):
+        code, logs = _ended(error)
+        assert code == EX_CONFIG
+        assert [(e["event"], e["daemon"], e["kind"]) for e in logs] == [
+            ("aggregator_fatal", "aggregator", type(error).__name__)
+        ]
+
+
+def test_other_failures_exit_1_and_a_crash_carries_its_traceback() -> None:
+    """A polca error is ``failed``; anything else is ``crashed`` with exc_info."""
+    code, logs = _ended(TransportError("broker gone"), daemon="cdu")
+    assert code == EX_FAILURE
+    assert [e["event"] for e in logs] == ["cdu_failed"]
+    assert "exc_info" not in logs[0]
+    bug = ZeroDivisionError("division by zero")
+    code, logs = _ended(bug, daemon="demo")
+    assert code == EX_FAILURE
+    assert logs[0]["event"] == "demo_crashed"
+    assert logs[0]["exc_info"] is bug
+
+
+def test_a_group_logs_every_cause_and_the_fatal_one_decides_the_code() -> None:
+    """Each leaf of a task group is one line; one fatal leaf makes the exit 78."""
+    group = ExceptionGroup(
+        "tasks", [RuntimeError("a"), ExceptionGroup("inner", [ConfigError("b")])]
+    )
+    code, logs = _ended(group, daemon="agent")
+    assert code == EX_CONFIG
+    assert [e["event"] for e in logs] == ["agent_crashed", "agent_fatal"]
+
+
+def test_ctrl_c_alone_is_130_and_logs_nothing() -> None:
+    """A KeyboardInterrupt is the operator's stop, not a failure."""
+    code, logs = _ended(BaseExceptionGroup("stop", [KeyboardInterrupt()]))
+    assert (code, logs) == (EX_INTERRUPTED, [])
+    code, _ = _ended(BaseExceptionGroup("both", [KeyboardInterrupt(), RuntimeError("x")]))
+    assert code == EX_FAILURE

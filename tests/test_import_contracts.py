@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
+
+import grimp
 
 import polca
 
@@ -43,3 +46,40 @@ def test_each_vendor_library_contract_covers_the_whole_package() -> None:
             assert importer.startswith("polca."), ignored
             assert "*" not in importer, ignored  # one named module, not a pattern
             assert imported in contract["forbidden_modules"], ignored
+
+
+def _documented_layers() -> list[set[str]]:
+    """The layer table of docs/architecture.md, top to bottom: one set of modules per row."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    return [
+        {f"polca.{name}" for name in re.findall(r"`([\w.]+)`", row.split("|")[2])} for row in rows
+    ]
+
+
+def test_the_documented_layers_are_the_contract() -> None:
+    """docs/architecture.md lists the same layers, in the same order, as import-linter."""
+    (layers,) = (c for c in _contracts() if c["type"] == "layers")
+    declared = [{name.strip() for name in layer.split("|")} for layer in layers["layers"]]
+    assert _documented_layers() == declared
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """No module imports, directly or through others, a module that imports it.
+
+    The ``acyclic_siblings`` contract checks siblings with packages taken whole; this
+    checks every pair of modules.
+    """
+    graph = grimp.build_graph("polca")
+    cycles = sorted(
+        {
+            tuple(sorted((module, imported)))
+            for module in graph.modules
+            if module.startswith("polca")
+            for imported in graph.find_modules_directly_imported_by(module)
+            if imported.startswith("polca")
+            and graph.chain_exists(importer=imported, imported=module)
+        }
+    )
+    assert cycles == []

@@ -103,7 +103,7 @@ async def test_aggregator_lost_agents_fail_safe_restart_resumes_at_the_same_leve
     assert _at(row, low=LOW_T2_MHZ, high=HIGH_T2_MHZ)  # the fail-safe caps are T2's
     seen = len(row.controls())
     row.meter_pct = 86.0  # below T2's threshold, inside its band: T2 must hold
-    row.restart_aggregator()
+    await row.restart_aggregator()
     await row.run(4)
     after = row.controls()[seen:]
     assert after

@@ -1,10 +1,8 @@
 """The ``polca`` command line: ``agent``, ``demo``, ``policy check``, ``config docs``.
 
-Logging is configured here and only here. Exit codes: 0 success, 1 unexpected failure,
-2 usage error, 69 (EX_UNAVAILABLE) a one-shot command could not reach the broker, 77
-(EX_NOPERM) the broker refused its credentials, 78 (EX_CONFIG) a fatal configuration or
-privilege problem whose message says how to fix it (the systemd unit does not restart on
-78).
+Logging is configured here and only here. Exit codes and the line a failed run logs are
+``polca.exits``'s (0 success, 1 failure, 2 usage, 69 broker unreachable, 77 refused,
+78 configuration).
 """
 
 from __future__ import annotations
@@ -23,15 +21,11 @@ import structlog
 
 from polca import __version__, aiokit, logs
 from polca.cooling import cli as cooling_cli
-from polca.errors import FatalError, PolcaError, PolicyError, TransportAuthError
+from polca.errors import FatalError, PolcaError, TransportAuthError
+from polca.exits import EX_CONFIG, EX_NOPERM, EX_UNAVAILABLE, exit_code
 from polca.gpu import registry
 from polca.sim import cli as sim_cli
 
-EX_UNAVAILABLE = 69
-"""sysexits: a service the command needs (the MQTT broker) cannot be reached."""
-EX_NOPERM = 77
-"""sysexits: the broker refused the credentials."""
-EX_CONFIG = 78
 NumberT = TypeVar("NumberT", int, float)
 
 
@@ -390,7 +384,7 @@ def _run_aggregator(args: argparse.Namespace) -> int:
     try:
         asyncio.run(_aggregator_main(settings, duration_s=args.duration))
     except (Exception, KeyboardInterrupt) as exc:
-        return _exit_code(exc, log)
+        return exit_code(exc, log, daemon="aggregator")
     return 0
 
 
@@ -490,25 +484,8 @@ def _run_service(args: argparse.Namespace) -> int:
             _agent_main(settings, duration_s=args.duration, embedded_broker=args.embedded_broker)
         )
     except (Exception, KeyboardInterrupt) as exc:
-        return _exit_code(exc, log)
+        return exit_code(exc, log, daemon="agent")
     return 0
-
-
-def _exit_code(exc: BaseException, log: Any) -> int:
-    """Log a failure that ended the process and choose its exit code."""
-    leaves = _leaves(exc)
-    if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
-        return 130
-    code = 1
-    for leaf in leaves:
-        if isinstance(leaf, FatalError | PolicyError):
-            log.critical("agent_fatal", error=str(leaf), kind=type(leaf).__name__)
-            code = EX_CONFIG
-        elif isinstance(leaf, PolcaError):
-            log.critical("agent_failed", error=str(leaf), kind=type(leaf).__name__)
-        elif not isinstance(leaf, KeyboardInterrupt):
-            log.critical("agent_crashed", error=str(leaf), kind=type(leaf).__name__, exc_info=leaf)
-    return code
 
 
 def _broker_address(broker: str | None) -> tuple[str, int] | None:
@@ -517,7 +494,8 @@ def _broker_address(broker: str | None) -> tuple[str, int] | None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from polca.demo import DEMO_POLICY, DemoOptions, run_demo  # noqa: PLC0415
+    from polca.demo.options import DEMO_POLICY, DemoOptions  # noqa: PLC0415
+    from polca.demo.runtime import run_demo  # noqa: PLC0415
 
     logs.configure(level=args.log_level, fmt="auto", stream=sys.stderr)
     options = DemoOptions(
@@ -543,14 +521,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     try:
         asyncio.run(run_demo(options))
     except (Exception, KeyboardInterrupt) as exc:
-        return _exit_code(exc, log)
+        return exit_code(exc, log, daemon="demo")
     return 0
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
 
 
 async def _agent_main(settings: Any, *, duration_s: float | None, embedded_broker: bool) -> None:

@@ -1,4 +1,15 @@
-"""How the last runs of a daemon ended: tells a crash loop from one crash.
+"""How a polca process ends: its exit code, the line it logs, and the record of its runs.
+
+Exit codes, for every command and daemon (``exit_code`` chooses them): 0 success,
+``EX_FAILURE`` (1) an unexpected failure, ``EX_USAGE`` (2) a usage error (argparse),
+``EX_UNAVAILABLE`` (69) a one-shot command could not reach the broker, ``EX_NOPERM`` (77)
+the broker refused its credentials, ``EX_CONFIG`` (78) a fatal configuration or privilege
+problem whose message says how to fix it (the systemd units do not restart on 78),
+``EX_INTERRUPTED`` (130) stopped by Ctrl-C. The process that ended logs one critical line
+per cause, named after it: ``{daemon}_fatal`` (78), ``{daemon}_failed`` (a polca error) or
+``{daemon}_crashed`` (anything else, with its traceback), each with ``daemon=``.
+
+The record of runs tells a crash loop from one crash.
 
 systemd restarts a failed daemon (``Restart=on-failure``); a failure that repeats on every
 start (a poisoned input, a broken disk) would otherwise spin quietly. Each daemon keeps
@@ -20,9 +31,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import structlog
+
+from polca.errors import FatalError, PolcaError, PolicyError
 
 EXITS_FILE = "exits.json"
 KILLED = "killed: the previous run ended without a clean stop (SIGKILL, OOM, power loss)"
@@ -30,13 +43,68 @@ _KEEP = 16
 _FAILURE_CHARS = 200
 _MAX_FILE_BYTES = 64 * 1024
 
-__all__ = ["KILLED", "ExitRecord", "Streak", "describe_failure"]
+EX_FAILURE: Final = 1
+EX_USAGE: Final = 2
+EX_UNAVAILABLE: Final = 69
+"""sysexits: a service the command needs (the MQTT broker) cannot be reached."""
+EX_NOPERM: Final = 77
+"""sysexits: the broker refused the credentials."""
+EX_CONFIG: Final = 78
+"""sysexits: a configuration (or privilege) problem; systemd does not restart on it."""
+EX_INTERRUPTED: Final = 130
+"""128 + SIGINT: stopped from the terminal."""
+
+__all__ = [
+    "EX_CONFIG",
+    "EX_FAILURE",
+    "EX_INTERRUPTED",
+    "EX_NOPERM",
+    "EX_UNAVAILABLE",
+    "EX_USAGE",
+    "KILLED",
+    "ExitRecord",
+    "Streak",
+    "describe_failure",
+    "exit_code",
+    "leaves",
+]
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions an exception group holds, flattened (``[exc]`` for a plain one)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in leaves(sub)]
+    return [exc]
+
+
+def exit_code(exc: BaseException, log: Any, *, daemon: str) -> int:
+    """Log what ended ``daemon`` (one critical line per cause) and choose its exit code.
+
+    A fatal error (``FatalError``, a bad policy) is ``EX_CONFIG``: restarting cannot
+    help. Any other failure is ``EX_FAILURE``; Ctrl-C alone is ``EX_INTERRUPTED``.
+    """
+    causes = leaves(exc)
+    if all(isinstance(leaf, KeyboardInterrupt) for leaf in causes):
+        return EX_INTERRUPTED
+    code = EX_FAILURE
+    for leaf in causes:
+        if isinstance(leaf, KeyboardInterrupt):
+            continue
+        fatal = isinstance(leaf, FatalError | PolicyError)
+        how = "fatal" if fatal else "failed" if isinstance(leaf, PolcaError) else "crashed"
+        event = f"{daemon}_{how}"
+        fields: dict[str, Any] = {"daemon": daemon, "error": str(leaf), "kind": type(leaf).__name__}
+        if how == "crashed":
+            fields["exc_info"] = leaf
+        log.critical(event, **fields)
+        if fatal:
+            code = EX_CONFIG
+    return code
 
 
 def describe_failure(exc: BaseException) -> str:
     """A short, stable description of what ended a run: the first leaf's type and message."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    exc = leaves(exc)[0]
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"[:_FAILURE_CHARS]
 

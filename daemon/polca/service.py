@@ -8,7 +8,7 @@ handler and the systemd watchdog (fed only while the control loop makes progress
 ``PolicyReloader`` and ``side_tasks`` are that, once, and ``supervise`` is the shape of
 both supervisors: the connections (bus, sink) run unguarded beside a TaskGroup of guarded
 eternal loops, and the shutdown runs shielded whether the loops stopped on request (clean)
-or because one failed. Exit codes live in ``cli.py``.
+or because one failed. Exit codes live in ``exits.py``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import types
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -88,10 +88,14 @@ class MqttSettings(_Group):
     )
 
 
+DEFAULT_TOPIC_ROOT: Final = "polca/v1"
+"""The MQTT topic root every component uses unless configured (``polca.telemetry.topics``)."""
+
+
 class TopicSettings(_Group):
     """Where this node sits in the site: the segments of its MQTT topics."""
 
-    root: str = Field("polca/v1", description="Topic root, including the schema version.")
+    root: str = Field(DEFAULT_TOPIC_ROOT, description="Topic root, including the schema version.")
     site: str = Field("site", pattern=_TOPIC_SEGMENT, description="Site name.")
     row: str = Field("row1", pattern=_TOPIC_SEGMENT, description="Row (power domain) name.")
     rack: str = Field("rack1", pattern=_TOPIC_SEGMENT, description="Rack name.")

@@ -53,7 +53,7 @@ class Snapshot:
         except SchemaError:
             self.rejected += 1
             return
-        parts = message.topic[len(topics.root) + 1 :].split("/")
+        site = topics.site_of(message.topic) or ""
         parsed = topics.parse_node(message.topic)
         if parsed is not None:
             addr, _ = parsed
@@ -66,11 +66,11 @@ class Snapshot:
             elif isinstance(payload, State):
                 self.states[key] = payload
         elif isinstance(payload, RowSummary):
-            self.summaries[(parts[0], payload.row)] = payload
+            self.summaries[(site, payload.row)] = payload
         elif isinstance(payload, Control):
-            self.controls[(parts[0], payload.row, payload.rack)] = payload
-        elif isinstance(payload, Status) and len(parts) == 4 and parts[1] == "aggregator":
-            self.aggregators[(parts[0], parts[2])] = payload
+            self.controls[(site, payload.row, payload.rack)] = payload
+        elif isinstance(payload, Status) and (own := topics.parse_aggregator(message.topic)):
+            self.aggregators[(own[0], own[1])] = payload
 
 
 def _kw(watts: float | None) -> str:
@@ -208,12 +208,12 @@ async def collect(
     """
     topics = Topics(root)
     filters: Sequence[str] = (
-        f"{root}/{site}/+/summary",
-        f"{root}/{site}/+/control",
-        f"{root}/{site}/+/+/control",
-        f"{root}/{site}/+/+/+/status",
-        f"{root}/{site}/+/+/+/state",
-        f"{root}/{site}/aggregator/+/status",
+        topics.row_summary(site, "+"),
+        topics.row_control(site, "+"),
+        topics.rack_control(site, "+", "+"),
+        topics.all_nodes(site, "+", "status"),
+        topics.all_nodes(site, "+", "state"),
+        topics.aggregator(site, "+", "status"),
     )
     bus = MqttBus(
         settings.model_copy(update={"connect_timeout_s": timeout_s}),

@@ -120,9 +120,9 @@ def test_limit_changed_by_someone_else_is_reasserted() -> None:
 def test_no_power_cap_means_the_original_limit() -> None:
     """Without a power cap the baseline's original limit is what the GPU gets back."""
     backend, actuator, infos = _rig()
-    baseline = Baseline.capture(infos, [backend.sample(i.index) for i in infos])
+    baseline = Baseline.capture(infos, [backend.sample(i.index) for i in infos], now_ns=1)
     backend.external_set_power_limit_mw(0, 350_000)  # operator's setting before polca
-    baseline = Baseline.capture(infos, [backend.sample(i.index) for i in infos])
+    baseline = Baseline.capture(infos, [backend.sample(i.index) for i in infos], now_ns=1)
     actuator.actuator.adopt([backend.sample(i.index) for i in infos])
     actuator.apply([_target(infos[0], power_mw=200_000)], baseline=baseline, samples={})
     assert backend.sample(0).power_limit_mw == 200_000
@@ -133,7 +133,7 @@ def test_no_power_cap_means_the_original_limit() -> None:
 def test_restore_unlocks_and_puts_limits_back() -> None:
     """restore() resets clock locks and the original limits on every GPU."""
     backend, actuator, infos = _rig()
-    baseline = Baseline.capture(infos, [backend.sample(i.index) for i in infos])
+    baseline = Baseline.capture(infos, [backend.sample(i.index) for i in infos], now_ns=1)
     actuator.apply(
         [_target(i, clock=900, power_mw=200_000) for i in infos], baseline=baseline, samples={}
     )

@@ -3,7 +3,8 @@
 Schema-valid messages from someone holding scheduler or control credentials: flapping
 priority assignments (each change may be a cap write), assignments naming GPUs the node
 does not have, invalid policy bundles (each one an event), forged leadership terms and
-stamps. The core is driven directly, with the times of receipt and of decision passed in.
+stamps. The core is driven directly, with the times of receipt and of decision passed in,
+and what it returns (messages, log lines) collected.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from polca.agent.core import REPORT_EVERY_S, AgentCore
+from polca.agent.core import AgentCore
+from polca.agent.intake import REPORT_EVERY_S
+from polca.agent.plans import Effects
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
 from polca.policy.loader import revision_of
@@ -35,16 +38,10 @@ HIGH_T2_MHZ = 1305
 
 
 class Logs:
-    """A logger that keeps every call as (level, event, fields)."""
+    """The log lines the core returned, as (level, event, fields)."""
 
     def __init__(self) -> None:
         self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        def log(event: str, **fields: Any) -> None:
-            self.lines.append((level, event, fields))
-
-        return log
 
     def events(self, event: str, level: str | None = None) -> list[dict[str, Any]]:
         """The fields of every line of ``event`` (at ``level``, when given)."""
@@ -67,19 +64,21 @@ class Node:
                 policy_file=path, state_dir=tmp_path, control_issuers=("agg",), **settings
             ),
             policy_store=store,
-            publish=self.published.append,
-            clock_ns=lambda: WALL0,
-            log=self.logs,
         )
         self.infos = SimulatedBackend(count=4, model="A100-SXM4", seed=7).discover()
-        self.core.discovered(self.infos, grace_until_mono_ns=MONO0)
+        self.take(self.core.discovered(self.infos, grace_until_mono_ns=MONO0))
         self.seq = 0
+
+    def take(self, effects: Effects) -> None:
+        """Keep what one call into the core returned."""
+        self.published.extend(effects.messages)
+        self.logs.lines.extend((line.level, line.event, dict(line.fields)) for line in effects.logs)
 
     def receive(self, topic: str, payload: bytes, *, mono: int) -> None:
         received = self.core.receive(
             InMessage(topic, payload, retain=False, received_ns=WALL0, received_mono_ns=mono)
         )
-        assert received is not None
+        self.take(received.effects)
 
     def control(self, level: int, *, mono: int, term: int = 0, issued_ns: int = WALL0) -> None:
         """A live row control from the row's controller, at ``mono``."""
@@ -103,10 +102,8 @@ class Node:
         self.receive(TOPICS.node(ADDR, "assign"), encode(message), mono=mono)
 
     def decide(self, mono: int) -> None:
-        """What the controller does when woken: decide, and take what changed."""
-        decision = self.core.decide(mono)
-        if decision is not None:
-            self.core.take(decision)
+        """What the controller does when woken: decide (the writes are not made here)."""
+        self.take(self.core.control_step(now_mono_ns=mono, now_ns=WALL0).effects)
 
     def caps(self) -> dict[int, int | None]:
         return {t.index: t.sm_clock_max_mhz for t in self.core.last_targets}
@@ -114,6 +111,8 @@ class Node:
     def events(self, name: str) -> list[Event]:
         out = []
         for message in self.published:
+            if not message.topic.endswith("/events"):
+                continue
             event = Event.model_validate_json(message.payload)
             if event.event == name:
                 out.append(event)

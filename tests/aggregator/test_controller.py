@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from polca.aggregator.controller import ScopeController
+from polca.aggregator.controller import ScopeController, ScopeDecision
 from polca.policy import load_policy
 from polca.policy.model import Policy
 
@@ -20,8 +20,10 @@ def policy() -> Policy:
     return load_policy(ROOT / "policies" / "polca-a100.yaml").policy
 
 
-def _step(ctl: ScopeController, policy: Policy, pct: float, now_s: float) -> int:
-    decision = ctl.step(
+def _decide(
+    ctl: ScopeController, policy: Policy, pct: float, now_s: float, floor: int = 0
+) -> ScopeDecision:
+    return ctl.step(
         power_w=BUDGET * pct / 100,
         budget_w=BUDGET,
         policy=policy,
@@ -31,8 +33,13 @@ def _step(ctl: ScopeController, policy: Policy, pct: float, now_s: float) -> int
         lease_s=10,
         observe=False,
         trend_w_per_s=None,
+        floor_level=floor,
+        floor_reason="loop1 critical",
     )
-    return decision.level
+
+
+def _step(ctl: ScopeController, policy: Policy, pct: float, now_s: float) -> int:
+    return _decide(ctl, policy, pct, now_s).level
 
 
 def test_levels_escalate_at_once_and_release_after_dwell(policy: Policy) -> None:
@@ -201,3 +208,23 @@ def test_brakes_count_entries_into_the_top_level(policy: Policy) -> None:
     assert ctl.published_level == 0
     assert _step(ctl, policy, 99, 200) == top
     assert ctl.brakes == 2
+
+
+def test_the_reason_says_whether_the_ladder_or_a_forced_floor_set_the_level(
+    policy: Policy,
+) -> None:
+    """A floor above the ladder is ``forced``; when it drops, the message says so and
+    carries the ladder's own reason, not a release the ladder never made."""
+    ctl = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=1)
+
+    def reason(pct: float, now_s: float, floor: int = 0) -> tuple[int, str]:
+        decision = _decide(ctl, policy, pct, now_s, floor)
+        return decision.level, decision.control.reason
+
+    assert reason(50, 0, floor=2) == (2, f"forced {policy.level_name(2)}: loop1 critical")
+    assert reason(50, 1) == (0, "forced level lifted; power 50.0% of budget")
+    assert reason(90, 2) == (2, f"power 90.0% >= {policy.level_name(2)} at 89%")
+    assert reason(60, 3) == (2, "power 60.0% of budget")  # dwelling
+    level, text = reason(60, 44)
+    assert level == 1
+    assert text.endswith(f"released {policy.level_name(2)}")

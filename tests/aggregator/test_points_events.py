@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from polca.aggregator import points
-from polca.export.points import SCHEMA, encode_lines
+from polca.export.points import encode_lines
+from polca.export.schema import SCHEMA
 from polca.telemetry.schema import Event, decode, encode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 from polca.cooling import cli
 from polca.cooling.config import CduSettings
 from polca.cooling.faults import FaultEvent, parse_fault
+from polca.exits import EX_CONFIG
 from polca.settings import MqttSettings, load_settings_as
 from polca.telemetry.bus import MqttBus
 from polca.telemetry.schema import CduTelemetry, decode
@@ -65,12 +66,12 @@ def test_modbus_without_a_map_is_a_config_error(tmp_path: Path) -> None:
     """polca cdu modbus with no modbus section exits 78 (EX_CONFIG)."""
     config = tmp_path / "cdu.yaml"
     config.write_text("site: s1\n", encoding="utf-8")
-    assert cli.main(parse("cdu", "modbus", "--config", str(config))) == cli.EX_CONFIG
+    assert cli.main(parse("cdu", "modbus", "--config", str(config))) == EX_CONFIG
     config.write_text(
         "modbus: {cdu: c, loop: l, host: h, points: [{field: nope, address: 0}]}\n",
         encoding="utf-8",
     )
-    assert cli.main(parse("cdu", "modbus", "--config", str(config))) == cli.EX_CONFIG
+    assert cli.main(parse("cdu", "modbus", "--config", str(config))) == EX_CONFIG
 
 
 def write_config(path: Path, broker_port: int, server: ModbusTestServer | None = None) -> Path:
@@ -130,6 +131,21 @@ async def listen(port: int, topic: str) -> tuple[MqttBus, asyncio.Task[None]]:
     return bus, task
 
 
+async def settle(bus: MqttBus, quiet_s: float = 0.5, limit_s: float = 10.0) -> list[CduTelemetry]:
+    """Every CDU message, once none has arrived for ``quiet_s`` (the last ones in flight
+    when the command ended, however loaded the machine), within ``limit_s``."""
+    out = drain(bus)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    quiet_until = loop.time() + quiet_s
+    while loop.time() < min(quiet_until, deadline):
+        await asyncio.sleep(0.05)
+        if more := drain(bus):
+            out += more
+            quiet_until = loop.time() + quiet_s
+    return out
+
+
 def drain(bus: MqttBus) -> list[CduTelemetry]:
     """Every CDU message received so far."""
     out = []
@@ -151,8 +167,7 @@ async def test_simulate_publishes_and_scripts_a_telemetry_loss(
             "cdu", "simulate", "--config", str(config), "--name", "cdu8",
             "--duration", "3.5", "--fault", "telemetry_loss@1.5:2.5",
         )  # fmt: skip
-        await asyncio.sleep(0.2)
-        messages = drain(bus)
+        messages = await settle(bus)
     finally:
         await bus.close(timeout_s=1.0)
         await task
@@ -174,8 +189,7 @@ async def test_modbus_command_publishes_polls(
     bus, task = await listen(mosquitto.port, Topics().cdu("s1", "cdu3"))
     try:
         code, err = await run_polca("cdu", "modbus", "--config", str(config), "--duration", "2")
-        await asyncio.sleep(0.2)
-        messages = drain(bus)
+        messages = await settle(bus)
     finally:
         await bus.close(timeout_s=1.0)
         await task

@@ -7,21 +7,15 @@ import time
 
 import pytest
 
-from polca.cooling.plant import (
-    FAULT_KINDS,
-    NOISE_CLIP_SIGMA,
-    SENSORS,
-    TEMP_NOISE_C,
-    CduRatings,
-    CduSample,
-    DiurnalLoad,
-    ManualClock,
-    SimulatedCdu,
-    healthy_day,
-    heat_flow_kw,
-    run_trace,
-)
+from polca.cooling.coolant import heat_flow_kw
+from polca.cooling.faults import FAULT_KINDS
+from polca.cooling.plant import SimulatedCdu
+from polca.cooling.ratings import CduRatings
+from polca.cooling.sample import CduSample
+from polca.cooling.sensors import NOISE_CLIP_SIGMA, SENSORS, TEMP_NOISE_C
+from polca.cooling.traces import DiurnalLoad, ManualClock, healthy_day, run_trace
 from polca.telemetry.schema import CduTelemetry, decode, encode
+from tests.cpu import cpu_budget_s
 
 HEAT_KW = 80.0
 TEMP_BAND_C = NOISE_CLIP_SIGMA * TEMP_NOISE_C
@@ -390,7 +384,7 @@ def test_diurnal_load_is_deterministic_and_bounded() -> None:
 def test_healthy_day_stays_within_normal_limits() -> None:
     """A whole day at 1 s steps runs in seconds and never leaves the normal bands."""
     ratings = CduRatings()
-    started = time.perf_counter()
+    started = time.process_time()  # this process's CPU: other load does not count
     count = 0
     worst_supply_c = 0.0
     worst_dt_c = 0.0
@@ -403,9 +397,9 @@ def test_healthy_day_stays_within_normal_limits() -> None:
         assert s.status == "ok"
         assert s.leak_detectors == (("leak1", "ok"), ("leak2", "ok"))
         assert not s.telemetry_lost
-    elapsed_s = time.perf_counter() - started
+    elapsed_s = time.process_time() - started
     assert count == 86_400
     assert worst_supply_c <= TEMP_BAND_C + 1e-9
     assert worst_dt_c < ratings.max_delta_t_c
     assert lowest_flow > 0.97 * ratings.design_flow_lpm
-    assert elapsed_s < 20.0, f"a day took {elapsed_s:.1f} s"
+    assert elapsed_s < cpu_budget_s(20.0), f"a day took {elapsed_s:.1f} s"

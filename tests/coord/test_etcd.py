@@ -92,11 +92,13 @@ async def test_a_dead_leader_is_replaced_within_the_ttl_at_a_higher_term(
             old_term, old_deadline = a.leadership.term, a.leadership.deadline_mono_ns
             tasks["agg-a"].cancel()  # dies: no revoke, no keepalive
             died = time.monotonic()
-            await _until(lambda: b.leadership.role == "leader", TTL_S + 2.0)
+            await _until(lambda: b.leadership.role == "leader", TTL_S + 6.0)
             took_s = time.monotonic() - died
             assert b.leadership.term > old_term
             assert time.monotonic_ns() > old_deadline  # the old leader had stopped first
-            assert took_s <= TTL_S + 1.0, took_s
+            # The ttl and a campaign round or two; the margin is for a loaded machine (the
+            # safety property is the line above, which no delay can make pass wrongly).
+            assert took_s <= TTL_S + 4.0, took_s
 
 
 async def test_a_clean_stop_hands_over_at_the_next_campaign(etcd: EtcdCluster) -> None:
@@ -111,8 +113,8 @@ async def test_a_clean_stop_hands_over_at_the_next_campaign(etcd: EtcdCluster) -
             with contextlib.suppress(asyncio.CancelledError):
                 await tasks["agg-a"]
             await a.resign()
-            took_s = await _until(lambda: b.leadership.role == "leader", TTL_S)
-            assert took_s < 1.0
+            took_s = await _until(lambda: b.leadership.role == "leader", TTL_S + 4.0)
+            assert took_s < TTL_S  # a resign hands over before the lease would have expired
             assert not a.leadership.may_publish(time.monotonic_ns())
 
 
@@ -137,8 +139,18 @@ async def test_member_loss_changes_nothing_and_quorum_loss_stops_the_leader(
         await asyncio.to_thread(etcd.members[1].kill)
         # etcd's leader renews leases on its own until it notices it lost the quorum
         # (one election timeout, 0.5 s here); the polca leader's deadline runs from then.
-        lost_s = await _until(lambda: not _leaders(a, b), TTL_S + 1.5)
-        assert lost_s <= TTL_S + 0.5
+        killed_ns = time.monotonic_ns()
+        deadlines = [leader.leadership.deadline_mono_ns]
+
+        def stopped() -> bool:
+            deadlines.append(leader.leadership.deadline_mono_ns)
+            return not _leaders(a, b)
+
+        await _until(stopped, TTL_S + 6.0)
+        # Stopping is a deadline on the monotonic clock, not a task that must run in time:
+        # the leader's last deadline lies within etcd's notice (0.5 s), a keepalive round
+        # and its safety fraction of the ttl after the quorum went, however late the poll.
+        assert max(deadlines) <= killed_ns + int((TTL_S + 1.5) * 1e9)
         for _ in range(10):
             assert not _leaders(a, b)  # no one leads without a quorum
             await asyncio.sleep(0.1)

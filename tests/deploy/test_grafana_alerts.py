@@ -5,7 +5,7 @@ Prometheus rules (``deploy/prometheus/polca-rules.yml``) from the InfluxDB histo
 no Grafana here, so these tests check what can go wrong without one: the provisioning
 structure (keys, uids, refIds, datasource, expression types), that each Prometheus alert
 but ``PolcaLeaseExpiring`` has a rule with its title, severity, ``for`` and runbook, that
-queries name only measurements, fields and tags of ``polca.export.points.SCHEMA`` and group
+queries name only measurements, fields and tags of ``polca.export.schema.SCHEMA`` and group
 by the labels the alert is about. Then a scenario is written into a real InfluxDB 1.x (a
 server of this module's own, ``grafana_influxdb`` being module-scoped), each rule's query
 runs as Grafana would send it, and the rule's own reduce and threshold steps are applied by
@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from polca.export.points import SCHEMA, Point, encode_lines, make_point
+from polca.export.points import Point, encode_lines, make_point
+from polca.export.schema import SCHEMA
 from tests.deploy.test_grafana import check_query, render
 from tests.tsdb import InfluxDB1Process
 
@@ -264,7 +265,7 @@ def test_every_prometheus_alert_has_a_grafana_rule_of_the_same_meaning() -> None
 
 
 def test_queries_name_only_schema_measurements_fields_and_tags() -> None:
-    """Each measurement, field and tag a query names is in ``polca.export.points.SCHEMA``
+    """Each measurement, field and tag a query names is in ``polca.export.schema.SCHEMA``
     (a ``dropped_<reason>`` field matches its pattern), and every GROUP BY of a query
     (subquery and outer) is the same, so no series is merged on the way out."""
     for title, rule in _rules().items():

@@ -602,8 +602,8 @@ async def test_close_is_bounded_when_database_refuses(tmp_path: Path) -> None:
     sink.write(_row_points(40, 40))
     started = time.monotonic()
     await sink.close(1.0)
-    assert time.monotonic() - started < 1.5
-    await asyncio.wait_for(task, 1.0)
+    assert time.monotonic() - started < 4.0  # the 1 s bound, on a loaded machine; retry is 5 s
+    await asyncio.wait_for(task, 10.0)
     assert sink.stats.spool_points == 80
     assert sink.stats.points_dropped == 0
 
@@ -627,8 +627,8 @@ async def test_close_is_bounded_when_database_hangs(tmp_path: Path) -> None:
         await _until(lambda: bool(connections))
         started = time.monotonic()
         await sink.close(1.0)
-        assert time.monotonic() - started < 1.5
-        await asyncio.wait_for(task, 1.0)
+        assert time.monotonic() - started < 4.0  # the 1 s bound (loaded machine); timeout 30 s
+        await asyncio.wait_for(task, 10.0)
         assert sink.stats.spool_points == 100
         assert sink.stats.points_dropped == 0
     finally:

@@ -19,16 +19,8 @@ from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import LoopSpec
 from polca.cooling.supervisor import LoopAssessment, LoopSupervisor
 from polca.export import gpus
-from polca.export.points import (
-    BULK_MEASUREMENTS,
-    ESSENTIAL_MEASUREMENTS,
-    SCHEMA,
-    AnyPoint,
-    LineTemplate,
-    Point,
-    encode_lines,
-    make_point,
-)
+from polca.export.points import AnyPoint, LineTemplate, Point, encode_lines, make_point
+from polca.export.schema import BULK_MEASUREMENTS, ESSENTIAL_MEASUREMENTS, SCHEMA
 from polca.telemetry.schema import CduTelemetry, Control, Event, GpuTelemetry, Telemetry
 from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
 

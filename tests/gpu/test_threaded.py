@@ -156,7 +156,9 @@ async def test_stuck_call_times_out_as_transient_and_is_logged() -> None:
             started_s = time.perf_counter()
             with pytest.raises(GpuTransientError, match="stuck") as info:
                 await gpu.sample(3)
-            assert time.perf_counter() - started_s < 1.0
+            # At the 0.05 s timeout, not when the driver answers (10 s): seconds of margin
+            # for a busy machine.
+            assert time.perf_counter() - started_s < 5.0
         assert info.value.index == 3
         assert [e["event"] for e in logs] == ["gpu_call_stuck"]
         assert logs[0]["gpu"] == 3
@@ -204,7 +206,7 @@ async def test_aclose_gives_up_on_a_stuck_driver() -> None:
         await gpu.aclose()
     assert [e["event"] for e in logs] == ["gpu_close_stuck"]
     backend.release.set()
-    for _ in range(100):  # the abandoned worker ends once the driver answers
+    for _ in range(1000):  # the abandoned worker ends once the driver answers (<= 10 s)
         if not gpu_threads():
             break
         await asyncio.sleep(0.01)

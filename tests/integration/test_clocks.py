@@ -157,7 +157,9 @@ async def test_a_clock_step_of_an_hour_neither_expires_nor_extends_the_lease(
             timeout_s=10,
             what="fail-safe after the lease",
         )
-        assert time.monotonic() - stopped <= 2.0 + 1.0  # lease + a tick or two, not an hour
+        # The 2 s lease and the agent's tick, seconds later where the machine is busy: not
+        # an hour, which a wall-clock lease would take.
+        assert time.monotonic() - stopped <= 2.0 + 5.0
         stop.set()
 
 

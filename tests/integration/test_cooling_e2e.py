@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from polca.cooling.faults import FaultKind
-from polca.cooling.plant import CduRatings, SimulatedCdu
+from polca.cooling.plant import SimulatedCdu
+from polca.cooling.ratings import CduRatings
 from polca.telemetry.schema import Control, CoolingAlarm, CoolingLoopState, Meter, encode
 from tests.fake_nvml import FakeNvml
 from tests.integration.aggregator_rig import AggregatorProcess

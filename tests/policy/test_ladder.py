@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from polca.policy import LadderState, Policy, next_level
+from polca.policy.ladder import MIN_BUDGET_W, usable_budget_w
 
 BUDGET_W = 100_000.0  # row budget; 1% = 1 kW
 
@@ -129,7 +130,28 @@ def test_stale_state_level_is_clamped(policy: Policy) -> None:
 
 
 @pytest.mark.parametrize("budget_w", [0.0, -1.0, float("inf"), float("nan")])
-def test_bad_budget_is_rejected(policy: Policy, budget_w: float) -> None:
-    """The budget must be a positive finite number."""
-    with pytest.raises(ValueError, match="row budget"):
-        next_level(power_w=1.0, budget_w=budget_w, policy=policy, state=LadderState(), now_s=0)
+def test_a_bad_budget_counts_as_exceeded(policy: Policy, budget_w: float) -> None:
+    """A budget that is not a positive finite number brakes any power above a milliwatt."""
+    state = next_level(power_w=1.0, budget_w=budget_w, policy=policy, state=LadderState(), now_s=0)
+    assert state.level == policy.top_level
+    assert usable_budget_w(budget_w) == MIN_BUDGET_W
+    assert usable_budget_w(5.0) == 5.0
+
+
+def test_each_state_says_why_its_level_is_what_it_is(policy: Policy) -> None:
+    """The reason comes with the level: escalation, hold, dwell, release, trend, unknown."""
+    up = step(policy, LadderState(), 90, 0.0)
+    assert (up.level, up.reason) == (2, "power 90.0% >= T2 at 89%")
+    held = step(policy, up, 86, 1.0)
+    assert (held.level, held.reason) == (2, "power 86.0% of budget")
+    release = step(policy, step(policy, held, 70, 2.0), 70, 2.0 + policy.release.dwell_s)
+    assert release.level == 1
+    assert release.reason == (
+        f"power 70.0% stayed below {89 - policy.release.margin_pct:g}% for "
+        f"{policy.release.dwell_s:g} s: released T2"
+    )
+    unknown = step(policy, up, float("nan"), 3.0)
+    assert (unknown.level, unknown.reason) == (2, "row power unknown (nan): level held")
+    assert LadderState(level=2, reason="a") == LadderState(level=2, reason="b")
+    trend = step(policy, LadderState(), 90, 0.0, trend_w_per_s=2_000.0)
+    assert (trend.level, trend.reason) == (3, "trend +2000 W/s reaches the budget in 5.0 s")

@@ -14,16 +14,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 
-from polca.demo import NON_GPU_W, DemoOptions, uncapped_load
+from polca.demo.load import uncapped_load
+from polca.demo.options import NON_GPU_W, DemoOptions
 from polca.errors import SimConfigError
 from polca.physics.presets import get_model
 from polca.policy import load_policy
 from polca.sim.agreement import (
     Tolerances,
     agreement,
+    aligned_levels,
     compare,
     daemons_gpu,
     observed,
@@ -39,6 +42,11 @@ from tests.mqtt_broker import MosquittoProcess
 # demo (four tenants, in-band thresholds 3 points apart, the budget the planner signs) caps
 # in short episodes that 150 s cannot average; bench/sim_agreement.py compares it over
 # 10 minutes.
+# The daemons run on whatever CPU the machine leaves them, so nothing below compares their
+# timing to the second: the replay's levels are taken at the daemons' summaries within
+# Tolerances.level_slack_s, and the recorded load is aligned with the virtual one on its
+# own timestamps. Raw time shares of this run swing by 7 points between two runs on a
+# busy 2-core machine (a release a second or two late, one reading just over a threshold).
 POLICY_FILE = Path(__file__).with_name("demo-polca-thresholds.yaml")
 POLICY = load_policy(POLICY_FILE).policy
 OPTIONS = DemoOptions(tenants=1, offset_s=180.0, budget_fraction=0.75, policy=POLICY_FILE)
@@ -88,7 +96,8 @@ def _agreement(
 
 
 def test_simulator_agrees_with_the_daemons_on_the_same_load(recorded: Path) -> None:
-    """Time per level, capping episodes and peak row power within the stated tolerances,
+    """Time per level (the replay's level at each of the daemons' summaries, give or take
+    the loop's timing), capping episodes and peak row power within the stated tolerances,
     and the run really capped (a run that never left nominal would agree trivially)."""
     result = _agreement(recorded)
     by_metric = {m["metric"]: m for m in result["metrics"]}
@@ -124,17 +133,32 @@ def test_record_files_are_a_history_and_a_level_timeline(recorded: Path) -> None
 
 
 def test_the_uncapped_load_without_daemons_is_the_runs(recorded: Path) -> None:
-    """``polca.demo.uncapped_load`` (simulated clock, no daemons: what bench/demo_plan.py
+    """``polca.demo.load.uncapped_load`` (simulated clock, no daemons: what bench/demo_plan.py
     plans from) gives the recorded run's counterfactual: mean and peak row power within a
-    few percent, second by second within a few percent of the budget."""
+    few percent, second by second within a few percent of the budget.
+
+    The record is compared at its own timestamps, shifted by the best of 3 s either way:
+    the run's clock starts once its row is built, a second or two after its GPUs' on a
+    loaded machine, and the run's setup comes out of its duration."""
     with (recorded / "uncapped.csv").open() as f:
-        run = [float(row["power_w"]) for row in csv.DictReader(f)]
-    virtual = [w for _, w, _ in uncapped_load(OPTIONS, len(run)).uncapped_record]
-    assert len(virtual) == len(run) >= DURATION_S - 5
+        rows = [(float(row["timestamp"]), float(row["power_w"])) for row in csv.DictReader(f)]
+    assert len(rows) >= DURATION_S - 20
+    stamps = np.array([t for t, _ in rows])
+    run = np.array([w for _, w in rows])
+    record = uncapped_load(OPTIONS, DURATION_S + 10).uncapped_record
+    virtual_t = np.array([t for t, _, _ in record])
+    virtual_w = np.array([w for _, w, _ in record])
+    at_s = stamps - stamps[0] + virtual_t[0]  # the first 1 s mean of each, then its stamps
+
+    def median_gap(shift_s: float) -> float:
+        shifted = np.interp(at_s[5:] + shift_s, virtual_t, virtual_w)
+        return float(np.median(np.abs(shifted - run[5:]))) / BUDGET_W
+
+    shift_s = min(np.arange(-3.0, 3.01, 0.25), key=median_gap)
+    virtual = np.interp(at_s + shift_s, virtual_t, virtual_w)
     assert statistics.mean(virtual) == pytest.approx(statistics.mean(run), rel=0.02)
     assert max(virtual) == pytest.approx(max(run), rel=0.03)
-    gaps = sorted(abs(a - b) / BUDGET_W for a, b in zip(virtual[5:], run[5:], strict=True))
-    assert gaps[len(gaps) // 2] < 0.03  # median second within 3% of the budget
+    assert median_gap(shift_s) < 0.03  # median second within 3% of the budget
 
 
 def test_daemons_gpu_is_the_simulated_backends_physics() -> None:
@@ -172,6 +196,22 @@ def test_observed_counts_levels_episodes_and_peak_in_the_window(tmp_path: Path) 
     assert seen["time_at_level_pct"] == {"nominal": 40.0, "T1": 40.0, "T2": 20.0, "brake": 0.0}
     assert seen["capping_events"] == 2
     assert seen["peak_pct"] == 95.0
+
+
+def test_aligned_levels_allow_the_loops_timing_and_nothing_more() -> None:
+    """A summary takes the daemons' level where the replay had it within the slack, the
+    replay's nearest level elsewhere: transitions up to 2 s apart agree, an episode the
+    replay did not have stays a disagreement."""
+    replay_t_s = [float(t) for t in range(12)]
+    replay = [0, 0, 1, 1, 1, 2, 2, 2, 1, 1, 0, 0]
+    late = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 1, 1]  # every transition 2 s late
+    times_s = [t + 0.3 for t in replay_t_s]  # stamped when the view received them
+    assert aligned_levels(times_s, late, replay_t_s, replay, slack_s=2.5) == late
+    assert aligned_levels(times_s, late, replay_t_s, replay, slack_s=1.0) != late
+    extra = [0, 0, 1, 1, 1, 2, 2, 2, 1, 1, 0, 2]  # a T2 reading the replay never had near
+    assert aligned_levels(times_s, extra, replay_t_s, replay, slack_s=2.5)[-1] == 0
+    with pytest.raises(SimConfigError, match="no level series"):
+        aligned_levels(times_s, late, [], [], slack_s=2.5)
 
 
 @pytest.mark.parametrize(

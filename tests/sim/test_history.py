@@ -19,16 +19,10 @@ from polca.errors import SimConfigError, TraceError
 from polca.export.points import encode_lines, make_point
 from polca.policy import Policy
 from polca.sim import cli
-from polca.sim.history import (
-    PowerHistory,
-    load_history_csv,
-    load_history_influx,
-    plan_history,
-    replay,
-    resample,
-)
+from polca.sim.history import plan_history, replay
 from polca.sim.model import ControlConfig, server_preset, sim_gpu
 from polca.sim.plan import Slo, Variant
+from polca.sim.power_history import PowerHistory, load_history_csv, load_history_influx, resample
 from tests.fuzzing import FUZZ, mutated
 from tests.sim.conftest import A100_POLICY
 from tests.tsdb import InfluxDB1Process, influxdb1

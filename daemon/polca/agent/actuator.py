@@ -2,15 +2,16 @@
 
 Pure and on the event loop: ``plan`` compares what each GPU should have with what polca
 applied (and what a fresh sample shows) and returns the writes that close the gap, as
-data (``polca.gpu.backend.GpuWrite``); the shell hands them to ``ThreadedGpu.write``,
-which runs them on the GPU thread, and ``record`` takes the results back and updates
-``applied``. So the applied state is only ever touched on the loop, and a new kind of
-action is one more write kind. For each GPU:
+data (``polca.gpu.backend.GpuWrite``); the core (``core.py``) plans through it, the shell
+(``gpus.py`` ``NodeGpus.write``) hands the writes to ``ThreadedGpu.write``, which runs
+them on the GPU thread, and ``record`` takes the results back (through the core) and
+updates ``applied``. So the applied state is only ever touched on the loop, and a new
+kind of action is one more write kind. For each GPU:
 
 - the clock cap becomes a lock ``[lowest supported, cap snapped down to a supported
   clock]``, or an unlock when there is no cap or the cap is at the hardware maximum;
-- the power cap becomes a limit clamped to the GPU's constraints, or the original limit
-  from the baseline when there is no cap;
+- the power cap becomes a limit clamped to the GPU's constraints (``policy.engine.within``,
+  the engine's own clamp), or the original limit from the baseline when there is no cap;
 - writes that change nothing are skipped; a limit is read back after it is set, and a
   limit someone else changed is re-asserted (reported as such).
 
@@ -35,7 +36,7 @@ from polca.gpu.backend import (
     WriteResult,
 )
 from polca.gpu.clocks import snap_sm_clock_mhz
-from polca.policy import GpuTarget
+from polca.policy import GpuTarget, within
 
 Action = Literal["applied", "unchanged", "reasserted", "failed", "lost"]
 
@@ -96,10 +97,7 @@ def desired_setting(info: GpuInfo, target: GpuTarget, baseline_limit_mw: int | N
         clocks = (min(low, high), high)
     limit = target.power_limit_mw if target.power_limit_mw is not None else baseline_limit_mw
     if limit is not None:
-        if info.power_limit_min_mw is not None:
-            limit = max(limit, info.power_limit_min_mw)
-        if info.power_limit_max_mw is not None:
-            limit = min(limit, info.power_limit_max_mw)
+        limit = within(limit, info.power_limit_min_mw, info.power_limit_max_mw)
     return Setting(clocks, limit)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,15 +47,18 @@ class Baseline:
         return next((g for g in self.gpus if g.uuid == uuid), None)
 
     @classmethod
-    def capture(cls, infos: Sequence[GpuInfo], samples: Sequence[GpuSample]) -> Baseline:
-        """Build a baseline from the GPUs' current (requested) power limits."""
+    def capture(
+        cls, infos: Sequence[GpuInfo], samples: Sequence[GpuSample], *, now_ns: int
+    ) -> Baseline:
+        """Build a baseline from the GPUs' current (requested) power limits, saved at
+        ``now_ns`` (wall clock)."""
         by_index = {s.index: s for s in samples}
         gpus = []
         for info in infos:
             sample = by_index.get(info.index)
             limit = sample.power_limit_mw if sample is not None else None
             gpus.append(GpuBaseline(info.uuid, info.index, limit))
-        return cls(tuple(gpus), time.time_ns())
+        return cls(tuple(gpus), now_ns)
 
 
 class BaselineStore:

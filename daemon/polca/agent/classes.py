@@ -4,7 +4,8 @@ The scheduler's retained ``assign`` message (GPU UUID or index -> class) can cha
 message rate, and each change of a GPU's class can mean a cap write on it; ``ClassDwell``
 keeps what is asked for apart from what is in force and lets each GPU's class change at
 most once per ``agent.class_dwell_s``. Pure: time comes in as arguments (the agent's
-monotonic clock); ``AgentCore`` feeds it assignments and asks it for the classes.
+monotonic clock); the core's ``MessageIntake`` (``intake.py``) feeds it assignments and
+``AgentCore`` asks it for the classes.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ A message is refused (and counted) when it is:
   message older than its lease).
 
 A message in shadow mode (``observe``) is tracked for logging but never sets the level.
-Pure logic with no I/O: the runtime feeds it decoded messages and the times of receipt.
+Pure logic with no I/O: the core's message intake (``intake.py`` ``MessageIntake``) feeds
+it decoded messages and the times of receipt.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ class _Order:
 class ControlTracker:
     """The newest accepted control per scope, for one node.
 
-    ``issuers`` empty accepts any issuer (the runtime warns about it at start-up);
+    ``issuers`` empty accepts any issuer (the core warns about it at start-up,
+    ``AgentCore.discovered``);
     ``max_term_step`` bounds the term a control may jump to while the current term's lease
     runs (``agent.max_term_step``).
     """

@@ -1,44 +1,65 @@
 """The node agent's decisions, without I/O: what control is in force, what each GPU gets.
 
 ``AgentCore`` holds what the agent knows (its GPUs and their latest samples, which are
-lost, the runtime priority classes, the control messages it believes, the engine's state
-and the decision in force) and turns inputs into decisions and effects:
+lost, the runtime priority classes, the control messages it believes, the engine's state,
+the decision in force, what polca has written to each GPU and the original settings) and
+turns what it is given (times, samples, messages, write results) into decisions. Each call
+returns what the shell must do, as data (``plans.py``): GPU writes to make, messages to
+publish (numbered by the core's ``seq`` and stamped with the time passed in), log lines to
+emit. The core never touches the GPUs, the broker, a clock or the disk; the shell
+(``runtime.py`` with ``gpus.py``) carries the plans out and feeds the results back.
 
-- ``sample_indices`` / ``note_samples``: which GPUs to read now, and what the readings
-  mean (a GPU lost or recovered);
+- ``sample_indices`` / ``note_samples`` / ``note_health``: which GPUs to read now, and what
+  the readings mean (a GPU lost or recovered, a new XID);
 - ``receive``: one MQTT message (control, policy bundle, priority assignment), checked and
-  taken, or counted and dropped, never raised (``Received`` says what the shell must do);
-  what a message makes the agent do elsewhere is bounded, not paced by the sender: a GPU's
-  priority class changes at most once per ``agent.class_dwell_s`` (``ClassDwell``), an
-  invalid policy bundle is published as an event at most once per 10 s (the same revision
-  again only counted), and a clock skew report flips at most once per 10 s;
-- ``decide``: the engine's decision for now, or None when its inputs have not changed;
-  ``take`` makes a decision the one in force and reports the transitions;
-- ``fail_safe_decision``: what a GPU gets when control ends (crash, stop, start-up after
-  an unclean end): the fail-safe caps, or the caps in force where tighter;
-- ``note_outcomes``: what the GPU writes did, as logs and events.
+  taken, or counted and dropped, never raised, by the core's ``MessageIntake``
+  (``intake.py``, which also bounds what a message can make the agent do); ``Received``
+  says what the shell must do;
+- ``control_step`` -> ``StepPlan``, then ``note_step`` with the write results: the
+  engine's decision for now made the one in force, the writes that carry it out (or put
+  back a limit someone else moved), then what they did, as logs, events and the state;
+- ``resume`` -> ``ResumePlan``, then ``note_resume``: the fail-safe caps first, at a start
+  after a run that did not restore the GPUs;
+- ``plan_stop`` -> ``StopPlan``, then ``note_stop``: what the end of control requires
+  (``on_stop`` after a clean stop, the fail-safe or tighter caps after any other end);
+- ``snapshot``, ``status_message``, ``state_message``, ``telemetry``, ``status_line``:
+  the node's messages, built by ``messages.py`` from an immutable snapshot.
 
-Time is passed in: ``now_mono_ns`` (leases, grace) and ``now_s`` (the loop's monotonic
-seconds, for lost-GPU retries); the injected wall clock only stamps the events it hands to
-``publish``. The core never touches the GPUs, the broker or the disk; the shell
-(``runtime.py``) does.
+Time is passed in: ``now_mono_ns`` (leases, grace, dwell), ``now_s`` (the loop's
+monotonic seconds, for lost-GPU retries and health reports) and ``now_ns`` (the wall
+clock, only to stamp messages); a received message carries its own receipt times.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-import structlog
+from pydantic import ValidationError
 
 from polca.agent import messages
-from polca.agent.actuator import ApplyResult
+from polca.agent.actuator import Actuator, ApplyResult, GpuPlan
+from polca.agent.baseline import BASELINE_FILE, Baseline
 from polca.agent.classes import ClassDwell
-from polca.agent.control import REFUSED, ControlTracker
+from polca.agent.control import ControlTracker, Lease
 from polca.agent.gpu_health import HealthTracker
-from polca.errors import GpuError, GpuLostError, PolicyError, SchemaError
-from polca.gpu.backend import GpuHealth, GpuInfo, GpuSample
+from polca.agent.intake import MessageIntake
+from polca.agent.plans import (
+    Applied,
+    Effects,
+    LogBook,
+    Received,
+    ResumePlan,
+    Sampled,
+    StepPlan,
+    Stopped,
+    StopPlan,
+)
+from polca.agent.window import TelemetryWindow
+from polca.errors import GpuError, GpuLostError
+from polca.gpu.backend import GpuHealth, GpuInfo, GpuSample, WriteResult
 from polca.policy import (
     ControlInput,
     Decision,
@@ -50,26 +71,14 @@ from polca.policy import (
     decide,
     tighter,
 )
-from polca.policy.loader import revision_of
 from polca.settings import AgentSettings
 from polca.telemetry.bus import InMessage, OutMessage
-from polca.telemetry.checks import ClockWindow, DropLog, RateGate
-from polca.telemetry.schema import Assignment, Control, PolicyBundle, decode
+from polca.telemetry.checks import DropLog
+from polca.telemetry.schema import Telemetry
 from polca.telemetry.topics import NodeAddress, Topics
 
 LOST_RETRY_S = 10.0
-REPORT_EVERY_S = 10.0
-"""At most one report (event, info log) per this many seconds of a message-driven kind."""
-
-
-@dataclass(frozen=True, slots=True)
-class Received:
-    """What the shell must do after one message: wake the controller, save a policy copy,
-    republish the status."""
-
-    wake: bool = False
-    policy_copy: str | None = None  # the text of a newly adopted aggregator policy
-    status_changed: bool = False
+"""A lost GPU is read again this many seconds (loop time) after its last attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,30 +101,21 @@ class AgentCore:
         topics: Topics,
         settings: AgentSettings,
         policy_store: PolicyStore,
-        publish: Callable[[OutMessage], None],
-        clock_ns: Callable[[], int],
-        log: Any = None,
+        identity: messages.Identity | None = None,
     ) -> None:
         """The core of the node at ``addr``; no GPUs until ``discovered``.
 
-        ``clock_ns`` (the wall clock) only stamps the events the core publishes.
+        ``identity`` is what the node's status says about the agent process.
         """
         self.addr = addr
-        self.now_ns = clock_ns
         self.topics = topics
         self.settings = settings
         self.policy_store = policy_store
-        self.publish = publish
-        self.log: Any = log if log is not None else structlog.get_logger()
-        self.clock_window = ClockWindow.of_seconds(settings.clock_skew_tolerance_s)
-        self.tracker = ControlTracker(
-            row=addr.row,
-            rack=addr.rack,
-            window=self.clock_window,
-            issuers=frozenset(settings.control_issuers),
-            max_term_step=settings.max_term_step,
+        self.identity = identity or messages.Identity(
+            backend="", observe_only=settings.observe_only, started_ns=0
         )
-        self.drops = DropLog("message_rejected", logger=self.log)
+        self.log = LogBook()  # emptied into the Effects of each call
+        self._outbox: list[OutMessage] = []  # likewise: the messages of this call, in order
         self.infos: dict[int, GpuInfo] = {}
         self.latest: dict[int, GpuSample] = {}
         # Samples taken since the last write: only these can show that something else
@@ -124,20 +124,26 @@ class AgentCore:
         self.lost: dict[int, float] = {}  # index -> loop time of the last attempt
         self.health = HealthTracker(every_s=settings.health_every_s)
         self.classes = ClassDwell(int(settings.class_dwell_s * 1e9))
-        self._deferred_logged = 0  # ``classes.deferred`` at the last log line about them
-        self._reports = RateGate(REPORT_EVERY_S)  # message-driven reports, by kind
-        self.policy_rejections = 0  # invalid policy bundles received
-        self._rejected_revision: str | None = None  # the last invalid bundle's revision
-        self._observed_levels: dict[str, int] = {}  # scope -> level of its last observed
+        self.intake = MessageIntake(
+            addr=addr,
+            topics=topics,
+            settings=settings,
+            policy_store=policy_store,
+            classes=self.classes,
+            log=self.log,
+            event=self.event,
+        )
+        # What polca has written to each GPU; plans the writes that reach a target.
+        self.actuator = Actuator({}, reassert=settings.reassert)
+        # The GPUs' original settings (saved by the shell before the first write).
+        self.baseline: Baseline | None = None
+        self.baseline_path = settings.state_dir / BASELINE_FILE  # where the shell keeps it
         self.engine_state = EngineState()
         self.decision: Decision | None = None
         self.last_targets: tuple[GpuTarget, ...] = ()
         self.outcome_errors: dict[int, str] = {}
         self.grace_until_mono_ns = 0
-        self.remote_policy = False  # the aggregator's policy is in force
-        self.clock_skewed = False
-        self.seq = 0
-        self.identity = messages.Identity(backend="", observe_only=False, started_ns=0)
+        self.seq = 0  # of the last message this node published (state, event, telemetry)
         self.crash_loop: str | None = None  # what ended the last runs, when it is a loop
         self._last_key: tuple[object, ...] | None = None
 
@@ -146,47 +152,207 @@ class AgentCore:
         """The priority classes the scheduler's assignment asks for (before the dwell)."""
         return self.classes.requested
 
+    # What the intake believes of the messages received, as the shell and tests read it.
+
+    @property
+    def tracker(self) -> ControlTracker:
+        """The control messages believed, and their leases."""
+        return self.intake.tracker
+
+    @property
+    def drops(self) -> DropLog:
+        """Messages (and telemetry) dropped, by reason."""
+        return self.intake.drops
+
+    @property
+    def clock_skewed(self) -> bool:
+        """Whether this node's clock and its controller's disagree beyond the tolerance."""
+        return self.intake.clock_skewed
+
+    @property
+    def skew_s(self) -> float | None:
+        """This node's clock minus its controller's, from the last live control message."""
+        return self.intake.skew_s
+
+    @property
+    def policy_rejections(self) -> int:
+        """Invalid policy bundles received."""
+        return self.intake.policy_rejections
+
+    @property
+    def remote_policy(self) -> bool:
+        """Whether the aggregator's policy is in force (the local file is then ignored)."""
+        return self.intake.remote_policy
+
+    @remote_policy.setter
+    def remote_policy(self, value: bool) -> None:
+        self.intake.remote_policy = value
+
     @property
     def policy(self) -> LoadedPolicy:
-        """The policy in force (the last good one)."""
-        current = self.policy_store.current
-        if current is None:
-            msg = "no valid policy loaded"
-            raise PolicyError(msg)
-        return current
+        """The policy in force (the last good one; ``MessageIntake.policy``)."""
+        return self.intake.policy
+
+    # ------------------------------------------------------------------ effects out
 
     def next_seq(self) -> int:
         """The sequence number of the next message this node publishes."""
         self.seq += 1
         return self.seq
 
-    def event(self, name: str, *, gpu: int | None = None, **detail: Any) -> None:
-        """Publish one event of this node (logged and skipped if it does not fit the wire)."""
+    def event(self, name: str, *, now_ns: int, gpu: int | None = None, **detail: Any) -> None:
+        """Queue one event of this node (logged and skipped if it does not fit the wire).
+
+        Every name is a literal at its call (``tests/aggregator/test_points_events.py``).
+        """
         uuid = self.infos[gpu].uuid if gpu is not None and gpu in self.infos else None
-        message = messages.event(self, name, gpu=gpu, uuid=uuid, detail=detail)
-        if message is not None:
-            self.publish(message)
+        seq = self.next_seq()  # taken even when the event does not fit: seq only ascends
+        try:
+            message = messages.event(
+                self.addr,
+                self.topics,
+                name,
+                seq=seq,
+                now_ns=now_ns,
+                gpu=gpu,
+                uuid=uuid,
+                detail=detail,
+            )
+        except ValidationError as exc:
+            self.log.warning("event_not_published", event_name=name, error=str(exc)[:400])
+            return
+        self._outbox.append(message)
+
+    def _effects(self, *, status_line: bool = False) -> Effects:
+        """Everything queued by this call, handed over (the queues are empty after)."""
+        out, self._outbox = tuple(self._outbox), []
+        return Effects(
+            messages=out,
+            logs=self.log.take(),
+            status_line=self.status_line() if status_line else None,
+        )
+
+    def snapshot(self) -> messages.NodeSnapshot:
+        """What the node's messages say about it now: an immutable copy."""
+        current = self.policy_store.current
+        return messages.NodeSnapshot(
+            addr=self.addr,
+            topics=self.topics,
+            identity=self.identity,
+            observe_only=self.settings.observe_only,
+            gpu_count=len(self.infos),
+            lost=frozenset(self.lost),
+            decision=self.decision,
+            targets=self.last_targets,
+            outcome_errors=MappingProxyType(dict(self.outcome_errors)),
+            locked_sm_clock_max_mhz=MappingProxyType(
+                {
+                    index: setting.sm_clocks_mhz[1] if setting.sm_clocks_mhz else None
+                    for index, setting in self.actuator.applied.items()
+                }
+            ),
+            policy_name=current.policy.name if current else None,
+            policy_revision=current.revision if current else None,
+            crash_loop=self.crash_loop,
+            skew_s=self.skew_s,
+            clock_skewed=self.clock_skewed,
+        )
+
+    def lease(self, now_mono_ns: int) -> Lease | None:
+        """The control lease in force at ``now_mono_ns`` (None: none, or lapsed)."""
+        return self.tracker.current(now_mono_ns)
+
+    def status_message(self, state: str, *, now_ns: int, reason: str | None = None) -> OutMessage:
+        """The node's retained status (``online``/``offline``), stamped ``now_ns``."""
+        return messages.status(self.snapshot(), state, now_ns=now_ns, reason=reason)
+
+    def state_message(self, *, now_ns: int, now_mono_ns: int) -> OutMessage:
+        """The node's retained state (the caps in force), with the next ``seq``."""
+        return messages.state(
+            self.snapshot(),
+            lease=self.lease(now_mono_ns),
+            seq=self.next_seq(),
+            now_ns=now_ns,
+            now_mono_ns=now_mono_ns,
+        )
+
+    def telemetry(
+        self, window: TelemetryWindow, *, health: messages.Health, now_ns: int, now_s: float
+    ) -> tuple[Telemetry, Effects]:
+        """One telemetry message from the samples ``window`` folded (drained), with the
+        next ``seq`` and the GPUs' health counters due at ``now_s``; its effects publish it
+        (and log the readings the wire refused, nulled in it).
+
+        Raises pydantic's ``ValidationError`` when a value does not fit the wire.
+        """
+        snapshot = self.snapshot()
+        records, power_w, energy_j = window.drain(
+            classes=snapshot.classes(),
+            lost=set(snapshot.lost),
+            locks=dict(snapshot.locked_sm_clock_max_mhz),
+            health=self.health.due(now_s),
+            log=self.log,
+        )
+        message, out = messages.telemetry(
+            snapshot,
+            gpus=records,
+            node_gpu_power_w=power_w,
+            node_energy_delta_j=energy_j,
+            seq=self.next_seq(),
+            interval_s=self.settings.publish_interval_s,
+            health=health,
+            now_ns=now_ns,
+        )
+        self._outbox.append(out)
+        return message, self._effects()
+
+    def telemetry_invalid(self, error: str, *, now_mono_ns: int) -> Effects:
+        """A telemetry message did not fit the wire: count it as a drop (``telemetry_invalid``)."""
+        self.intake.drop_at(now_mono_ns, "telemetry_invalid", topic="telemetry", detail=error)
+        return self._effects()
+
+    def status_line(self) -> str:
+        """systemd's ``STATUS=`` line now."""
+        return messages.status_line(self.snapshot())
 
     # ------------------------------------------------------------------ GPUs
 
-    def discovered(self, infos: Sequence[GpuInfo], *, grace_until_mono_ns: int) -> None:
+    def discovered(self, infos: Sequence[GpuInfo], *, grace_until_mono_ns: int) -> Effects:
         """Take the node's GPUs; no caps before ``grace_until_mono_ns`` without a lease."""
         self.infos = {info.index: info for info in infos}
+        self.actuator.infos = dict(self.infos)
         self.grace_until_mono_ns = grace_until_mono_ns
         if not self.settings.control_issuers:
             self.log.warning(
                 "control_issuer_unchecked",
                 hint="set agent.control_issuers to the aggregator instance(s) of this row",
             )
+        return self._effects()
+
+    def adopt(self, samples: Sequence[GpuSample]) -> None:
+        """Take what the GPUs hold now as what polca has applied (before the first write)."""
+        self.actuator.adopt(samples)
+
+    def capture_baseline(self, samples: Sequence[GpuSample], *, now_ns: int) -> Baseline:
+        """The original settings for the shell to save before the first write: the ones
+        found at start-up (``resume``) if any, else what ``samples`` show (at ``now_ns``)."""
+        if self.baseline is None:
+            self.baseline = Baseline.capture(list(self.infos.values()), samples, now_ns=now_ns)
+        return self.baseline
 
     def sample_indices(self, now_s: float) -> list[int]:
         """The GPUs to read now: all but the lost, which are retried every 10 s."""
         return [i for i in self.infos if i not in self.lost or now_s - self.lost[i] >= LOST_RETRY_S]
 
     def note_samples(
-        self, indices: Sequence[int], results: Sequence[GpuSample | GpuError], now_s: float
-    ) -> dict[int, GpuSample]:
-        """Take one round of readings; returns the good samples."""
+        self,
+        indices: Sequence[int],
+        results: Sequence[GpuSample | GpuError],
+        *,
+        now_s: float,
+        now_ns: int,
+    ) -> Sampled:
+        """Take one round of readings of GPUs ``indices`` (same order)."""
         samples: dict[int, GpuSample] = {}
         for index, result in zip(indices, results, strict=True):
             if isinstance(result, GpuSample):
@@ -194,28 +360,31 @@ class AgentCore:
                 if index in self.lost:
                     del self.lost[index]
                     self.log.warning("gpu_recovered", gpu=index)
-                    self.event("gpu_recovered", gpu=index)
+                    self.event("gpu_recovered", gpu=index, now_ns=now_ns)
             elif isinstance(result, GpuLostError):
-                self.mark_lost(index, str(result), now_s)
+                self._mark_lost(index, str(result), now_s=now_s, now_ns=now_ns)
             else:
                 self.log.warning("gpu_sample_failed", gpu=index, error=str(result))
         self.latest.update(samples)
         self.fresh.update(samples)
-        return samples
+        return Sampled(samples, self._effects())
 
-    def note_health(self, indices: Sequence[int], results: Sequence[GpuHealth | GpuError]) -> None:
+    def note_health(
+        self, indices: Sequence[int], results: Sequence[GpuHealth | GpuError], *, now_ns: int
+    ) -> Effects:
         """Take one round of health readings; a new XID is logged and published as an event."""
         for xid in self.health.note(dict(zip(indices, results, strict=True))):
             self.log.error(
                 "gpu_xid", gpu=xid.index, uuid=xid.uuid, xid=xid.last_xid, count=xid.count
             )
-            self.event("gpu_xid", gpu=xid.index, xid=xid.last_xid, count=xid.count)
+            self.event("gpu_xid", gpu=xid.index, xid=xid.last_xid, count=xid.count, now_ns=now_ns)
+        return self._effects()
 
-    def mark_lost(self, index: int, error: str, now_s: float) -> None:
+    def _mark_lost(self, index: int, error: str, *, now_s: float, now_ns: int) -> None:
         """GPU ``index`` is gone (logged and published once); retried later."""
         if index not in self.lost:
             self.log.error("gpu_lost", gpu=index, uuid=self.infos[index].uuid, error=error)
-            self.event("gpu_lost", gpu=index, error=error)
+            self.event("gpu_lost", gpu=index, error=error, now_ns=now_ns)
         self.lost[index] = now_s
 
     def views(self) -> list[GpuView]:
@@ -243,7 +412,77 @@ class AgentCore:
             )
         return views
 
-    # ------------------------------------------------------------------ decisions
+    # ------------------------------------------------------------------ the control step
+
+    def control_step(self, *, now_mono_ns: int, now_ns: int) -> StepPlan:
+        """Decide for now; the writes that carry the decision out, and what to emit first.
+
+        A new decision is taken at once (its transitions logged and published) and its
+        writes planned, unless observe-only. With no new decision, only a limit someone
+        else moved (seen in a sample taken since the last write) is planned back. When
+        there is nothing to write, a change of the caps in force republishes the state at
+        once; otherwise ``note_step`` does, after the writes.
+        """
+        observe = self.settings.observe_only
+        decision = self._decide(now_mono_ns)
+        if decision is None:
+            if observe or self.decision is None or not self.actuator.drifted(self.fresh):
+                return StepPlan(
+                    None, (), taken=False, targets_changed=False, effects=self._effects()
+                )
+            writes = self._plan_writes(self.decision)
+            return StepPlan(
+                self.decision, writes, taken=False, targets_changed=False, effects=self._effects()
+            )
+        taken = self._take(decision, now_ns=now_ns)
+        writes = () if observe else self._plan_writes(decision)
+        if not writes and taken.targets_changed:
+            self._outbox.append(self.state_message(now_ns=now_ns, now_mono_ns=now_mono_ns))
+            return StepPlan(
+                decision,
+                (),
+                taken=True,
+                targets_changed=True,
+                effects=self._effects(status_line=True),
+            )
+        return StepPlan(
+            decision,
+            writes,
+            taken=True,
+            targets_changed=taken.targets_changed,
+            effects=self._effects(),
+        )
+
+    def note_step(
+        self,
+        plan: StepPlan,
+        results: Sequence[Sequence[WriteResult]],
+        *,
+        now_s: float,
+        now_ns: int,
+        now_mono_ns: int,
+    ) -> Applied:
+        """What ``plan``'s writes did (``results``, in its order): logs, events, and the
+        state republished when the caps in force changed, or a new decision changed what a
+        GPU holds (putting back a moved limit republishes nothing)."""
+        decision = plan.decision
+        if decision is None or not plan.writes:
+            msg = "note_step takes the results of a plan with writes"
+            raise ValueError(msg)
+        result = self.actuator.record(plan.writes, results)
+        self.fresh.clear()  # later samples are the ones that can show a drift
+        self._note_outcomes(decision, result, now_s=now_s, now_ns=now_ns)
+        wrote = any(o.action != "unchanged" for o in result.outcomes)
+        changed = plan.targets_changed or (plan.taken and wrote)
+        if changed:
+            self._outbox.append(self.state_message(now_ns=now_ns, now_mono_ns=now_mono_ns))
+        return Applied(result, self._effects(status_line=changed))
+
+    def _plan_writes(self, decision: Decision) -> tuple[GpuPlan, ...]:
+        """The writes that bring the GPUs to ``decision``'s targets; () when none is needed."""
+        samples = {i: s for i, s in self.fresh.items() if i not in self.lost}
+        plans = self.actuator.plan(decision.targets, baseline=self.baseline, samples=samples)
+        return plans if self.actuator.pending(plans) else ()
 
     def control_input(self, now_mono_ns: int) -> ControlInput | None:
         """The control in force, its lease on the monotonic clock (as ``now_mono_ns``)."""
@@ -256,7 +495,7 @@ class AgentCore:
             return ControlInput(0, self.grace_until_mono_ns, source="startup_grace")
         return None
 
-    def decide(self, now_mono_ns: int) -> Decision | None:
+    def _decide(self, now_mono_ns: int) -> Decision | None:
         """The engine's decision for now; None when nothing it depends on has changed.
 
         First puts in force the priority class changes whose dwell has passed: the
@@ -290,7 +529,7 @@ class AgentCore:
             now_ns=now_mono_ns,
         )
 
-    def fail_safe_decision(self, now_mono_ns: int) -> Decision:
+    def _fail_safe_decision(self, now_mono_ns: int) -> Decision:
         """The fail-safe caps merged with the caps in force: per dimension the tighter."""
         decision = decide(
             self.views(),
@@ -305,7 +544,7 @@ class AgentCore:
         )
         return Decision(targets=targets, state=decision.state, level=0, fail_safe=True)
 
-    def take(self, decision: Decision) -> Taken:
+    def _take(self, decision: Decision, *, now_ns: int) -> Taken:
         """Make ``decision`` the one in force; log and publish what changed."""
         previous = self.decision
         self.engine_state = decision.state
@@ -319,16 +558,18 @@ class AgentCore:
         if taken.fail_safe_entered:
             reasons = list(decision.targets[0].reasons) if decision.targets else []
             self.log.warning("fail_safe_entered", reasons=reasons)
-            self.event("fail_safe_entered")
+            self.event("fail_safe_entered", now_ns=now_ns)
         elif taken.fail_safe_left:
             self.log.info("fail_safe_left", control_level=decision.level)
-            self.event("fail_safe_left", level=decision.level)
+            self.event("fail_safe_left", level=decision.level, now_ns=now_ns)
         if taken.level_changed and previous is not None:
             self.log.info("level_changed", old=previous.level, new=decision.level)
         self.last_targets = decision.targets
         return taken
 
-    def note_outcomes(self, decision: Decision, result: ApplyResult, now_s: float) -> None:
+    def _note_outcomes(
+        self, decision: Decision, result: ApplyResult, *, now_s: float, now_ns: int
+    ) -> None:
         """Log and publish what applying ``decision`` did to each GPU."""
         targets = {t.index: t for t in decision.targets}
         changed: list[dict[str, Any]] = []
@@ -356,11 +597,11 @@ class AgentCore:
                     }
                 )
             elif outcome.action == "lost":
-                self.mark_lost(outcome.index, outcome.error or "lost", now_s)
+                self._mark_lost(outcome.index, outcome.error or "lost", now_s=now_s, now_ns=now_ns)
             elif outcome.action == "failed":
                 if self.outcome_errors.get(outcome.index) != outcome.error:
                     self.log.error("cap_failed", gpu=outcome.index, error=outcome.error)
-                    self.event("cap_failed", gpu=outcome.index, error=outcome.error)
+                    self.event("cap_failed", gpu=outcome.index, error=outcome.error, now_ns=now_ns)
                 self.outcome_errors[outcome.index] = outcome.error or "failed"
         if changed:
             # One event per decision applied, listing every GPU that changed.
@@ -371,255 +612,156 @@ class AgentCore:
                 fail_safe=decision.fail_safe,
                 policy_revision=self.policy.revision,
                 gpus=changed,
+                now_ns=now_ns,
             )
+
+    # ------------------------------------------------------------------ start and end
+
+    def resume(self, existing: Baseline, *, now_mono_ns: int) -> ResumePlan:
+        """A baseline was left behind (``existing``): a previous run did not restore.
+
+        It stays the originals, every clock lock is rewritten (polca does not know which it
+        left), there is no start-up grace (the GPUs stay at or under the fail-safe until a
+        controller grants a lease), and the fail-safe caps are planned before anything else.
+        """
+        self.baseline = Baseline(existing.gpus, existing.saved_ns, kept=False)
+        self.actuator.forget_locks()
+        self.grace_until_mono_ns = min(self.grace_until_mono_ns, now_mono_ns)
+        decision = self._fail_safe_decision(now_mono_ns)
+        plans = self.actuator.plan(decision.targets, baseline=self.baseline, samples={})
+        writes = plans if self.actuator.pending(plans) else ()
+        return ResumePlan(decision, writes, kept=existing.kept)
+
+    def note_resume(
+        self, plan: ResumePlan, results: Sequence[Sequence[WriteResult]], *, now_ns: int
+    ) -> Effects:
+        """What the fail-safe writes at start-up did; the fail-safe is in force after."""
+        result = self.actuator.record(plan.writes, results)
+        self._take(plan.decision, now_ns=now_ns)
+        self.log.warning(
+            "fail_safe_applied_at_start",
+            reason="kept caps" if plan.kept else "the previous run ended without restoring",
+            path=str(self.baseline_path),
+            applied=len(result.by_action("applied")),
+            failed=len(result.by_action("failed")),
+            lost=len(result.by_action("lost")),
+        )
+        return self._effects()
+
+    def plan_stop(self, *, clean: bool, now_mono_ns: int) -> StopPlan:
+        """What the end of control requires of the GPUs.
+
+        ``clean`` is an operator-asked stop: the policy's ``on_stop`` decides (``restore``
+        without a policy). Any other end applies the fail-safe caps or keeps tighter ones
+        in force, and keeps the baseline so the next start knows. Without a policy, a
+        fail-safe end keeps the caps in force.
+        """
+        reason = "stopped" if clean else "failed"
+        if self.settings.observe_only or not self.infos:
+            return StopPlan("none", reason, clean)
+        current = self.policy_store.current
+        on_stop = current.policy.on_stop if current else "restore"
+        if not clean:
+            on_stop = "fail_safe"
+        baseline = self.baseline
+        if on_stop == "restore":
+            return StopPlan("restore", reason, clean, writes=self.actuator.plan_restore(baseline))
+        if on_stop == "fail_safe" and current is not None:
+            decision = self._fail_safe_decision(now_mono_ns)
+            return StopPlan(
+                "fail_safe",
+                reason,
+                clean,
+                save=Baseline(baseline.gpus, baseline.saved_ns, kept=clean) if baseline else None,
+                writes=self.actuator.plan(decision.targets, baseline=baseline, samples={}),
+                decision=decision,
+            )
+        kept = Baseline(baseline.gpus, baseline.saved_ns, kept=True) if baseline else None
+        return StopPlan("keep", reason, clean, save=kept)
+
+    def note_stop(
+        self,
+        plan: StopPlan,
+        results: Sequence[Sequence[WriteResult]] | None,
+        *,
+        timeout_s: float,
+        now_ns: int,
+    ) -> Stopped:
+        """How control ended: ``results`` of ``plan``'s writes, None when the shell's
+        bound (``timeout_s``) ran out before they were done."""
+        if plan.mode == "none":
+            return Stopped(plan.reason, remove_baseline=False, effects=self._effects())
+        if results is None:
+            self.log.error(
+                "restore_timed_out", timeout_s=timeout_s, baseline=str(self.baseline_path)
+            )
+            reason = f"{plan.reason}; restore timed out"
+            return Stopped(reason, remove_baseline=False, effects=self._effects())
+        remove = False
+        if plan.mode == "restore":
+            result = self.actuator.record(plan.writes, results)
+            failed = result.by_action("failed")
+            remove = not failed  # every GPU is back: the originals are no longer needed
+            self.log.info(
+                "gpu_settings_restored",
+                restored=len(result.by_action("applied")),
+                failed=len(failed),
+            )
+        elif plan.mode == "fail_safe" and plan.decision is not None:
+            result = self.actuator.record(plan.writes, results)
+            (self.log.info if plan.clean else self.log.error)(
+                "gpu_fail_safe_on_stop" if plan.clean else "gpu_fail_safe_on_failure",
+                applied=len(result.by_action("applied")),
+                unchanged=len(result.by_action("unchanged")),
+                failed=len(result.by_action("failed")),
+                caps=[
+                    {
+                        "gpu": t.index,
+                        "sm_clock_max_mhz": t.sm_clock_max_mhz,
+                        "power_limit_mw": t.power_limit_mw,
+                    }
+                    for t in plan.decision.targets
+                ],
+            )
+            self._take(plan.decision, now_ns=now_ns)
+        elif plan.save is not None:
+            self.log.info("gpu_caps_kept", path=str(self.baseline_path))
+        return Stopped(plan.reason, remove_baseline=remove, effects=self._effects())
 
     # ------------------------------------------------------------------ messages in
 
     def subscriptions(self) -> list[tuple[str, int]]:
-        """The topics the agent reads: its row's and rack's control, its assignment, the
-        row's policy (unless it manages its own)."""
-        t, a = self.topics, self.addr
-        subscriptions = [
-            (t.row_control(a.site, a.row), 1),
-            (t.rack_control(a.site, a.row, a.rack), 1),
-            (t.node(a, "assign"), 1),
-        ]
-        if self.settings.accept_remote_policy:
-            subscriptions.append((t.policy(a.site, a.row), 1))
-        return subscriptions
+        """The topics the agent reads (``MessageIntake.subscriptions``)."""
+        return self.intake.subscriptions()
 
     def receive(self, message: InMessage) -> Received:
-        """Act on one received message; count and drop a bad one. Never raises.
+        """Act on one received message (``MessageIntake.handle``); never raises.
 
-        Each message is handled on its own: one that fails validation is counted by reason
-        (``SchemaError.reason``) and dropped, and one that trips an unexpected error is
-        counted as ``internal`` and logged with its traceback, so no payload, retained or
-        not, can end the listener or the agent.
+        What it makes the node publish is stamped with the message's receipt time; a
+        changed status is republished.
         """
-        try:
-            return self._dispatch(message)
-        except SchemaError as exc:
-            self.drops.drop(exc.reason, topic=message.topic, detail=str(exc))
-        except Exception as exc:
-            self.drops.drop("internal", exc=exc, topic=message.topic, detail=repr(exc))
-        return Received()
-
-    def _dispatch(self, message: InMessage) -> Received:
-        t, a = self.topics, self.addr
-        if message.topic in (t.row_control(a.site, a.row), t.rack_control(a.site, a.row, a.rack)):
-            if not message.payload:  # an empty retained payload clears it: nothing to follow
-                return Received()
-            return self._on_control(decode(message.payload, Control), message)
-        if message.topic == t.policy(a.site, a.row):
-            if not message.payload:  # retained policy cleared: keep what is in force
-                return Received()
-            return self._on_policy_bundle(decode(message.payload, PolicyBundle), message)
-        if message.topic == t.node(a, "assign"):
-            if not message.payload:  # retained assignment cleared
-                return self._assign({}, message)
-            return self._on_assignment(decode(message.payload, Assignment), message)
-        self.drops.drop("topic", topic=message.topic, detail="not a topic the agent reads")
-        return Received()
-
-    def _on_control(self, control: Control, message: InMessage) -> Received:
-        now_mono = message.received_mono_ns
-        before = self.tracker.current(now_mono)
-        verdict = self.tracker.offer(
-            control,
-            received_mono_ns=now_mono,
-            received_wall_ns=message.received_ns,
-            retained=message.retain,
-            max_lease_ns=int(self.policy.policy.fail_safe.max_lease_s * 1e9),
-        )
-        if verdict in REFUSED:
-            self.drops.drop(
-                f"control_{verdict}",
-                topic=message.topic,
-                detail=f"control from {control.issuer} term {control.term} seq {control.seq} "
-                f"level {control.level}",
-            )
-            self.log.debug(
-                "control_ignored",
-                verdict=verdict,
-                scope=control.scope,
-                seq=control.seq,
-                issuer=control.issuer,
-                retained=message.retain,
-            )
-            return Received()
-        # Lease renewals at an unchanged level are routine: debug only. Shadow-mode control
-        # sets no lease: it is routine when its scope's last observed level was the same.
-        if verdict == "observed":
-            routine = self._observed_levels.get(control.scope) == control.level
-            self._observed_levels[control.scope] = control.level
-        else:
-            routine = before is not None and before.control.level == control.level
-        (self.log.debug if routine else self.log.info)(
-            "control_accepted" if verdict == "accepted" else "control_observed",
-            scope=control.scope,
-            control_level=control.level,
-            seq=control.seq,
-            issuer=control.issuer,
-            retained=message.retain,
-        )
-        return Received(wake=True, status_changed=self._check_clock_skew(now_mono))
-
-    @property
-    def skew_s(self) -> float | None:
-        """This node's clock minus its controller's, from the last live control message."""
-        skew_ns = self.tracker.skew_ns
-        return None if skew_ns is None else round(skew_ns / 1e9, 3)
-
-    def _check_clock_skew(self, now_mono_ns: int) -> bool:
-        """Say so when this node's clock and its controller's disagree beyond the tolerance.
-
-        The state flips at most once per ``REPORT_EVERY_S`` (the first time at once):
-        stamps alternating either side of the tolerance (a clock at its edge, or a sender
-        doing it on purpose) would otherwise log, publish an event and republish the
-        retained status at message rate. A flip held back is judged again on the next
-        control message.
-        """
-        skew_ns = self.tracker.skew_ns
-        skewed = skew_ns is not None and self.clock_window.skewed(skew_ns, 0)
-        if skewed == self.clock_skewed:
-            return False
-        if self._reports.admit("clock_skew", now_mono_ns / 1e9) is None:
-            return False
-        self.clock_skewed = skewed
-        if skewed:
-            self.log.warning(
-                "clock_skew_detected",
-                skew_s=self.skew_s,
-                tolerance_s=self.settings.clock_skew_tolerance_s,
-                hint="this node's clock and its controller's disagree; check NTP on both. "
-                "Control is still followed: leases run on the monotonic clock.",
-            )
-            self.event("clock_skew_detected", skew_s=self.skew_s)
-        else:
-            self.log.info("clock_skew_cleared", skew_s=self.skew_s)
-            self.event("clock_skew_cleared", skew_s=self.skew_s)
-        return True
-
-    def _on_policy_bundle(self, bundle: PolicyBundle, message: InMessage) -> Received:
-        """Validate and apply the aggregator's policy; the shell keeps the text as a copy.
-
-        The revision is the digest of the text, so a bundle with the revision last rejected
-        is the same text: it is counted and logged at debug, not validated or published
-        again. Other invalid bundles publish a ``policy_rejected`` event (and an error
-        line) at most once per ``REPORT_EVERY_S``; the next one says how many were not
-        published (``suppressed``).
-        """
-        topic = message.topic
-        if revision_of(bundle.text.encode("utf-8")) != bundle.revision:
-            msg = f"policy bundle revision {bundle.revision} is not the digest of its text"
-            raise SchemaError(msg)
-        current = self.policy_store.current
-        if current is not None and current.revision == bundle.revision and self.remote_policy:
-            return Received()
-        if bundle.revision == self._rejected_revision:
-            self.policy_rejections += 1
-            self._reports.hold("policy_rejected")  # said in the next report's ``suppressed``
-            self.log.debug("policy_rejected_again", trigger="mqtt", revision=bundle.revision)
-            return Received()
-        result = self.policy_store.replace(bundle.text, source=f"mqtt:{topic}")
-        if result.errors:
-            self._bundle_rejected(bundle.revision, result.errors, message.received_mono_ns)
-            return Received()
-        self._rejected_revision = None
-        if not self.remote_policy:
-            self.log.info("policy_remote_adopted", revision=bundle.revision, topic=topic)
-        self.remote_policy = True
-        if not result.changed:
-            return Received(policy_copy=bundle.text)
-        self.log.info(
-            "policy_reloaded",
-            trigger="mqtt",
-            revision=self.policy.revision,
-            policy=self.policy.policy.name,
-        )
-        self.event("policy_applied", revision=self.policy.revision, source="mqtt")
-        return Received(wake=True, policy_copy=bundle.text, status_changed=True)
-
-    def _bundle_rejected(self, revision: str, problems: Sequence[str], now_mono_ns: int) -> None:
-        """Count one invalid policy bundle; publish it unless one was less than 10 s ago."""
-        self._rejected_revision = revision
-        self.policy_rejections += 1
-        times = self._reports.admit("policy_rejected", now_mono_ns / 1e9)
-        if times is None:
-            self.log.debug("policy_rejected_suppressed", trigger="mqtt", revision=revision)
-            return
-        suppressed = times - 1  # held back since the last report
-        self.log.error(
-            "policy_rejected",
-            trigger="mqtt",
-            problems=list(problems),
-            revision=revision,
-            revision_in_force=self.policy.revision,
-            suppressed=suppressed,
-        )
-        self.event(
-            "policy_rejected",
-            problems=[p[:1000] for p in problems[:20]],
-            revision=revision,
-            revision_in_force=self.policy.revision,
-            suppressed=suppressed,
+        handled = self.intake.handle(message, self.infos)
+        if handled.status_changed:
+            self._outbox.append(self.status_message("online", now_ns=message.received_ns))
+        return Received(
+            wake=handled.wake,
+            policy_copy=handled.policy_copy,
+            effects=self._effects(status_line=handled.status_changed),
         )
 
-    def _on_assignment(self, assignment: Assignment, message: InMessage) -> Received:
-        """Check a scheduler's assignment: an unknown class refuses it whole; entries for
-        GPUs this node does not have are dropped (counted once per message as
-        ``unknown_gpu``) and the rest apply."""
-        declared = set(self.policy.policy.classes)
-        unknown = sorted(set(assignment.classes.values()) - declared)
-        if unknown:
-            self.drops.drop(
-                "unknown_class",
-                topic=message.topic,
-                detail=f"unknown priority classes {unknown[:8]}; policy declares "
-                f"{sorted(declared)}",
-            )
-            return Received()
-        known = {info.uuid for info in self.infos.values()} | {str(i) for i in self.infos}
-        strangers = sorted(key for key in assignment.classes if key not in known)
-        if strangers:
-            self.drops.drop(
-                "unknown_gpu",
-                topic=message.topic,
-                detail=f"{len(strangers)} assignment entries name no GPU of this node "
-                f"(by UUID or index), e.g. {strangers[:2]}; the others apply",
-            )
-        classes = {key: cls for key, cls in assignment.classes.items() if key in known}
-        return self._assign(classes, message)
-
-    def _assign(self, classes: Mapping[str, str], message: InMessage) -> Received:
-        """Ask for ``classes``: each GPU's change applies at the next decision, or waits
-        for its dwell; held-back changes are logged at most once per ``REPORT_EVERY_S``."""
-        now = message.received_mono_ns
-        self.log.debug("priority_assignment_received", classes=dict(classes))
-        held = self.classes.request(classes, self.infos.values(), now)
-        if held and self._reports.admit("priority_change_deferred", now / 1e9) is not None:
-            self.log.info(
-                "priority_change_deferred",
-                gpus=held,
-                deferred=self.classes.deferred - self._deferred_logged,
-                total=self.classes.deferred,
-                dwell_s=self.settings.class_dwell_s,
-            )
-            self._deferred_logged = self.classes.deferred
-        return Received(wake=True)
-
-    def policy_rejected(self, problems: Sequence[str]) -> None:
+    def policy_rejected(self, problems: Sequence[str], *, now_ns: int) -> Effects:
         """A local policy edit was refused: publish it (the last good one stays)."""
         self.event(
             "policy_rejected",
             problems=[p[:1000] for p in problems[:20]],
             revision_in_force=self.policy.revision,
+            now_ns=now_ns,
         )
+        return self._effects()
 
-    def policy_reloaded_from_file(self) -> None:
-        """A new local policy file is in force: decide again."""
-        self.event("policy_applied", revision=self.policy.revision)
-
-    def gpu_classes(self) -> Mapping[int, str]:
-        """Each GPU's priority class in the decision in force."""
-        return {t.index: t.priority_class for t in self.last_targets}
+    def policy_reloaded_from_file(self, *, now_ns: int) -> Effects:
+        """A new local policy file is in force: publish it and the new status (the shell
+        wakes the controller to decide again)."""
+        self.event("policy_applied", revision=self.policy.revision, now_ns=now_ns)
+        self._outbox.append(self.status_message("online", now_ns=now_ns))
+        return self._effects()

@@ -1,8 +1,9 @@
 """The GPUs' health counters on the agent: the latest reading, and which go on the wire (pure).
 
 The shell reads every GPU's ``GpuHealth`` once per telemetry interval (``ThreadedGpu.
-health_all``) and hands the results to ``HealthTracker.note``; a new XID comes back so the
-core can publish it as an event at once. ``due`` picks the reports that go with the next
+health_all``) and hands the results to the core (``AgentCore.note_health``), which gives
+them to ``HealthTracker.note``; a new XID comes back so the core can publish it as an
+event at once. ``due`` picks the reports that go with the next
 telemetry message: a GPU's counters when any changed since they last went out, and all of
 them at least every ``every_s`` (so a late subscriber, or a series gone stale, is filled
 in), which keeps the counters from costing every telemetry message on a healthy fleet.

@@ -1,40 +1,35 @@
-"""The messages a node agent publishes, built from what it knows (pure).
+"""The messages a node agent publishes, built from a snapshot of what it knows (pure).
 
 One function per channel of the node (``docs/mqtt.md``): ``status`` (retained, and the
 Last Will), ``state`` (retained: the caps in force and why), ``event`` (one notable
-change) and ``telemetry`` (one per interval, from the samples folded by
-``window.TelemetryWindow``). Each returns the ``OutMessage`` to publish; nothing here
-publishes, reads a clock or touches a GPU: stamps and the lease's end come in as arguments.
+change) and ``telemetry`` (one per interval, from the records ``window.TelemetryWindow``
+folded). Each takes a ``NodeSnapshot`` (an immutable copy the core makes, never the core
+itself) and returns what to publish; the sequence number, the stamps and the lease come
+in as arguments. Nothing here publishes, reads a clock, counts or touches a GPU, and
+nothing imports the core (``core.py`` imports this module, not the other way round).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import structlog
-from pydantic import ValidationError
+from typing import Any
 
 from polca import __version__
+from polca.agent.control import Lease
+from polca.policy import Decision, GpuTarget
 from polca.telemetry.bus import BusStats, OutMessage
 from polca.telemetry.schema import (
     AgentHealth,
     Event,
     GpuCaps,
-    GpuHealthReport,
+    GpuTelemetry,
     State,
     Status,
     Telemetry,
     encode,
 )
-
-if TYPE_CHECKING:
-    from polca.agent.actuator import Setting
-    from polca.agent.core import AgentCore
-    from polca.agent.window import TelemetryWindow
-
-_log = structlog.get_logger()
+from polca.telemetry.topics import NodeAddress, Topics
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,38 +41,84 @@ class Identity:
     started_ns: int
 
 
-def status(core: AgentCore, state: str, *, now_ns: int, reason: str | None = None) -> OutMessage:
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """What the node's messages say about the agent, copied at one moment.
+
+    Made by ``AgentCore.snapshot``; the mappings are read-only copies, so a snapshot does
+    not change when the core does.
+    """
+
+    addr: NodeAddress
+    topics: Topics
+    identity: Identity
+    observe_only: bool
+    gpu_count: int
+    lost: frozenset[int]
+    decision: Decision | None
+    targets: tuple[GpuTarget, ...]  # the caps in force, one per GPU
+    outcome_errors: Mapping[int, str]  # GPU index -> why its caps are not applied
+    locked_sm_clock_max_mhz: Mapping[int, int | None]  # GPU index -> lock ceiling or None
+    policy_name: str | None
+    policy_revision: str | None
+    crash_loop: str | None
+    skew_s: float | None
+    clock_skewed: bool
+
+    @property
+    def level(self) -> int:
+        """The level in force (0 before any decision)."""
+        return self.decision.level if self.decision else 0
+
+    @property
+    def fail_safe(self) -> bool:
+        """Whether the decision in force is the fail-safe."""
+        return self.decision.fail_safe if self.decision else False
+
+    def classes(self) -> dict[int, str]:
+        """Each GPU's priority class in the decision in force."""
+        return {t.index: t.priority_class for t in self.targets}
+
+    def applied(self, index: int) -> bool:
+        """Whether GPU ``index`` holds the caps in force (not observe-only, no failed write)."""
+        return not self.observe_only and index not in self.outcome_errors
+
+
+def status(
+    snapshot: NodeSnapshot, state: str, *, now_ns: int, reason: str | None = None
+) -> OutMessage:
     """The node's retained status (``online``/``offline``); the Last Will is one too.
 
     Online, its ``reason`` is the crash loop the agent started in, if any.
     """
-    identity = core.identity
-    crash_loop = core.crash_loop
-    current = core.policy_store.current
+    identity = snapshot.identity
     message = Status(
         ts_ns=now_ns,
         state=state,
-        node=core.addr.node,
+        node=snapshot.addr.node,
         agent_version=__version__,
         backend=identity.backend,
-        gpu_count=len(core.infos),
+        gpu_count=snapshot.gpu_count,
         observe_only=identity.observe_only,
-        policy_name=current.policy.name if current else None,
-        policy_revision=current.revision if current else None,
+        policy_name=snapshot.policy_name,
+        policy_revision=snapshot.policy_revision,
         started_ns=identity.started_ns,
-        reason=reason if reason is not None or state == "offline" else crash_loop,
-        clock_skew_s=core.skew_s if core.clock_skewed else None,
+        reason=reason if reason is not None or state == "offline" else snapshot.crash_loop,
+        clock_skew_s=snapshot.skew_s if snapshot.clock_skewed else None,
     )
-    topic = core.topics.node(core.addr, "status")
+    topic = snapshot.topics.node(snapshot.addr, "status")
     return OutMessage(topic, encode(message), qos=1, retain=True)
 
 
-def state(core: AgentCore, *, observe_only: bool, now_ns: int, now_mono_ns: int) -> OutMessage:
-    """The node's retained state: every GPU's caps in force and why."""
-    decision = core.decision
-    lease = core.tracker.current(now_mono_ns)
+def state(
+    snapshot: NodeSnapshot, *, lease: Lease | None, seq: int, now_ns: int, now_mono_ns: int
+) -> OutMessage:
+    """The node's retained state: every GPU's caps in force and why.
+
+    ``lease`` is the control lease in force at ``now_mono_ns`` (None: none).
+    """
     gpus = []
-    for target in core.last_targets:
+    for target in snapshot.targets:
         limit = target.power_limit_mw
         gpus.append(
             GpuCaps(
@@ -87,52 +128,53 @@ def state(core: AgentCore, *, observe_only: bool, now_ns: int, now_mono_ns: int)
                 sm_clock_max_mhz=target.sm_clock_max_mhz,
                 power_limit_w=None if limit is None else limit / 1000.0,
                 reasons=target.reasons,
-                applied=not observe_only and target.index not in core.outcome_errors,
-                error=core.outcome_errors.get(target.index),
+                applied=snapshot.applied(target.index),
+                error=snapshot.outcome_errors.get(target.index),
             )
         )
-    current = core.policy_store.current
     message = State(
         ts_ns=now_ns,
-        seq=core.next_seq(),
-        node=core.addr.node,
-        level=decision.level if decision else 0,
-        fail_safe=decision.fail_safe if decision else False,
-        observe_only=observe_only,
+        seq=seq,
+        node=snapshot.addr.node,
+        level=snapshot.level,
+        fail_safe=snapshot.fail_safe,
+        observe_only=snapshot.observe_only,
         # Display only: the lease's end on this node's wall clock.
         lease_expires_ns=max(0, now_ns + lease.expires_mono_ns - now_mono_ns) if lease else None,
         control_seq=lease.control.seq if lease else None,
-        policy_revision=current.revision if current else None,
+        policy_revision=snapshot.policy_revision,
         gpus=tuple(gpus),
     )
-    topic = core.topics.node(core.addr, "state")
+    topic = snapshot.topics.node(snapshot.addr, "state")
     return OutMessage(topic, encode(message), qos=1, retain=True)
 
 
 def event(
-    core: AgentCore,
+    addr: NodeAddress,
+    topics: Topics,
     name: str,
     *,
+    seq: int,
+    now_ns: int,
     gpu: int | None,
     uuid: str | None,
     detail: Mapping[str, Any],
-    now_ns: int | None = None,
-) -> OutMessage | None:
-    """One event of the node; None (logged) when its detail does not fit the wire."""
-    try:
-        message = Event(
-            ts_ns=now_ns if now_ns is not None else core.now_ns(),
-            seq=core.next_seq(),
-            node=core.addr.node,
-            event=name,
-            gpu=gpu,
-            uuid=uuid,
-            detail=dict(detail),
-        )
-    except ValidationError as exc:
-        _log.warning("event_not_published", event_name=name, error=str(exc)[:400])
-        return None
-    return OutMessage(core.topics.node(core.addr, "events"), encode(message), qos=1)
+) -> OutMessage:
+    """One event of the node at ``addr``.
+
+    Raises pydantic's ``ValidationError`` (a ``ValueError``) when ``detail`` does not fit
+    the wire; the caller decides what that means.
+    """
+    message = Event(
+        ts_ns=now_ns,
+        seq=seq,
+        node=addr.node,
+        event=name,
+        gpu=gpu,
+        uuid=uuid,
+        detail=dict(detail),
+    )
+    return OutMessage(topics.node(addr, "events"), encode(message), qos=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,36 +211,31 @@ class Health:
 
 
 def telemetry(
-    core: AgentCore,
-    window: TelemetryWindow,
+    snapshot: NodeSnapshot,
     *,
-    applied: Mapping[int, Setting],
+    gpus: Sequence[GpuTelemetry],
+    node_gpu_power_w: float,
+    node_energy_delta_j: float,
+    seq: int,
     interval_s: float,
     health: Health,
     now_ns: int,
-    gpu_health: Mapping[int, GpuHealthReport] | None = None,
 ) -> tuple[Telemetry, OutMessage]:
-    """One telemetry message of the node from the samples ``window`` folded, to publish;
-    ``gpu_health`` are the GPUs' health counters due in it (``HealthTracker.due``)."""
-    locks = {
-        index: setting.sm_clocks_mhz[1] if setting.sm_clocks_mhz else None
-        for index, setting in applied.items()
-    }
-    records, power_w, energy_j = window.drain(
-        classes=dict(core.gpu_classes()), lost=set(core.lost), locks=locks, health=gpu_health
-    )
-    decision = core.decision
+    """One telemetry message of the node from one interval's records (``window.drain``).
+
+    Raises pydantic's ``ValidationError`` when a value does not fit the wire.
+    """
     bus = health.bus
     message = Telemetry(
         ts_ns=now_ns,
-        seq=core.next_seq(),
-        node=core.addr.node,
+        seq=seq,
+        node=snapshot.addr.node,
         interval_s=interval_s,
-        node_gpu_power_w=power_w,
-        node_energy_delta_j=energy_j,
-        level=decision.level if decision else 0,
-        fail_safe=decision.fail_safe if decision else False,
-        gpus=tuple(records),
+        node_gpu_power_w=node_gpu_power_w,
+        node_energy_delta_j=node_energy_delta_j,
+        level=snapshot.level,
+        fail_safe=snapshot.fail_safe,
+        gpus=tuple(gpus),
         health=AgentHealth(
             ticks=health.ticks,
             tick_p99_ms=health.tick_p99_ms,
@@ -208,22 +245,22 @@ def telemetry(
             control_rejected=health.rejected,
             reconnects=max(0, bus.connects - 1) if bus else 0,
             gpu_errors=health.gpu_errors,
-            clock_skew_s=core.skew_s,
+            clock_skew_s=snapshot.skew_s,
         ),
     )
-    topic = core.topics.node(core.addr, "telemetry")
+    topic = snapshot.topics.node(snapshot.addr, "telemetry")
     return message, OutMessage(topic, encode(message), qos=0)
 
 
-def status_line(core: AgentCore) -> str:
+def status_line(snapshot: NodeSnapshot) -> str:
     """systemd's ``STATUS=``: GPUs, mode, policy, clock skew, crash loop."""
-    crash_loop = core.crash_loop
-    decision = core.decision
-    level = decision.level if decision else 0
-    mode = "fail-safe" if decision and decision.fail_safe else f"level {level}"
-    lost = f", {len(core.lost)} lost" if core.lost else ""
-    skew = f", clock off by {core.skew_s:+.1f} s" if core.clock_skewed and core.skew_s else ""
-    loop = f"; {crash_loop}" if crash_loop else ""
-    current = core.policy_store.current
-    revision = current.revision if current else "none"
-    return f"{len(core.infos)} GPUs{lost}, {mode}, policy {revision}{skew}{loop}"
+    mode = "fail-safe" if snapshot.fail_safe else f"level {snapshot.level}"
+    lost = f", {len(snapshot.lost)} lost" if snapshot.lost else ""
+    skew = (
+        f", clock off by {snapshot.skew_s:+.1f} s"
+        if snapshot.clock_skewed and snapshot.skew_s
+        else ""
+    )
+    loop = f"; {snapshot.crash_loop}" if snapshot.crash_loop else ""
+    revision = snapshot.policy_revision or "none"
+    return f"{snapshot.gpu_count} GPUs{lost}, {mode}, policy {revision}{skew}{loop}"

@@ -1,43 +1,45 @@
 """The agent's points for its own ``/metrics`` (pure): what it reads, decides and suffers.
 
-Built once per telemetry interval from the message just published and the core's state,
-then handed to the agent's sinks (``polca.export``: the Prometheus sink). The GPU readings
-and health counters go through the same builders as on the aggregator
-(``polca.export.gpus``), so both paths name every series alike; ``gpu_cap`` (the caps in
-force and the policy source that won each) and ``agent`` (level, lease, fail-safe,
-observe, error and drop counters) are the agent's own. No I/O.
+Built once per telemetry interval from the message just published and a snapshot of the
+core (``messages.NodeSnapshot``), then handed to the agent's sinks (``polca.export``: the
+Prometheus sink). The GPU readings and health counters go through the same builders as on
+the aggregator (``polca.export.gpus``), so both paths name every series alike; ``gpu_cap``
+(the caps in force and the policy source that won each) and ``agent`` (level, lease,
+fail-safe, observe, error and drop counters) are the agent's own. No I/O, and no import of
+the core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
+from polca.agent.control import Lease
+from polca.agent.messages import NodeSnapshot
 from polca.export.gpus import gpu_health_points, gpu_points
 from polca.export.points import AnyPoint, make_point
 from polca.telemetry.schema import GpuHealthReport, Telemetry
 
-if TYPE_CHECKING:
-    from polca.agent.core import AgentCore
-
 
 def agent_points(
-    core: AgentCore,
+    snapshot: NodeSnapshot,
     message: Telemetry,
     *,
+    lease: Lease | None,
     site: str,
     health: Mapping[int, GpuHealthReport],
     gpu_errors: int,
-    observe_only: bool,
     now_mono_ns: int,
 ) -> list[AnyPoint]:
-    """Every point of one interval: GPUs, their health and caps, and the agent itself."""
-    addr = core.addr
+    """Every point of one interval: GPUs, their health and caps, and the agent itself.
+
+    ``lease`` is the control lease in force at ``now_mono_ns`` (None: none).
+    """
+    addr = snapshot.addr
     out: list[AnyPoint] = list(gpu_points(message, site=site, row=addr.row, rack=addr.rack))
     out.extend(gpu_health_points(message, site=site, row=addr.row, rack=addr.rack, health=health))
     ts_ns = message.ts_ns
     node_tags = {"site": site, "row": addr.row, "rack": addr.rack, "node": addr.node}
-    for target in core.last_targets:
+    for target in snapshot.targets:
         limit_mw = target.power_limit_mw
         out.append(
             make_point(
@@ -54,11 +56,10 @@ def agent_points(
                 fields={
                     "sm_clock_max_mhz": target.sm_clock_max_mhz,
                     "power_limit_w": None if limit_mw is None else limit_mw / 1000.0,
-                    "applied": not observe_only and target.index not in core.outcome_errors,
+                    "applied": snapshot.applied(target.index),
                 },
             )
         )
-    lease = core.tracker.current(now_mono_ns)
     h = message.health
     out.append(
         make_point(
@@ -68,7 +69,7 @@ def agent_points(
             fields={
                 "level": message.level,
                 "fail_safe": message.fail_safe,
-                "observe": observe_only,
+                "observe": snapshot.observe_only,
                 # An expired lease reads 0 (not absent), so "expiring" can be alerted on.
                 "lease_remaining_s": (
                     max(0.0, (lease.expires_mono_ns - now_mono_ns) / 1e9) if lease else None
@@ -78,8 +79,8 @@ def agent_points(
                     if lease
                     else None
                 ),
-                "gpus": len(core.infos),
-                "gpus_lost": len(core.lost),
+                "gpus": snapshot.gpu_count,
+                "gpus_lost": len(snapshot.lost),
                 "tick_p99_ms": h.tick_p99_ms,
                 "clock_skew_s": h.clock_skew_s,
                 "gpu_errors": gpu_errors,

@@ -1,7 +1,10 @@
 """The node agent's shell: one TaskGroup owning every loop, ordered start and stop.
 
 Decisions live in ``core.py``, messages in ``messages.py``, the GPUs in ``gpus.py``; this
-module only moves data between them, the clocks, the bus and the GPU thread.
+module only moves data between them, the clocks, the bus and the GPU thread: it reads the
+clocks, passes the times to the core, carries out what the core returns (``plans.py``:
+GPU writes through ``gpus.py``, messages to the bus, log lines, systemd's status) and
+feeds the write results back to the core.
 
 Start-up order: note the run in the exit record (a crash loop is reported) -> open the GPU
 backend on its worker thread -> discover GPUs -> check write privilege (unless
@@ -18,8 +21,9 @@ telemetry and hands the interval's points to the sinks: ``/metrics`` when
 tasks. The bus hands each received message to ``handle_message`` on arrival (through
 ``core.receive``, which never raises).
 
-Shutdown order: stop the loops -> leave the GPUs as the end requires (``gpus.stop``:
-``on_stop`` after a clean stop, the fail-safe after any other end; shielded, bounded) ->
+Shutdown order: stop the loops -> leave the GPUs as the end requires (``core.plan_stop``:
+``on_stop`` after a clean stop, the fail-safe after any other end; carried out by
+``gpus.carry_out_stop``, shielded, bounded) ->
 publish the final state and an ``offline`` status, flush (bounded) -> close the GPU
 backend -> note how the run ended.
 """
@@ -29,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -38,12 +42,13 @@ from polca.agent import messages, policy_copy
 from polca.agent.actuator import ApplyResult
 from polca.agent.core import AgentCore
 from polca.agent.gpus import NodeGpus
+from polca.agent.plans import Effects
 from polca.agent.points import agent_points
 from polca.agent.window import TelemetryWindow
 from polca.errors import GpuError
 from polca.exits import ExitRecord
 from polca.export.sink import FanOut, Sink
-from polca.gpu.backend import GpuBackend, GpuHealth, GpuSample
+from polca.gpu.backend import GpuBackend, GpuSample
 from polca.gpu.threaded import ThreadedGpu
 from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
@@ -82,19 +87,10 @@ class Agent:
             topics=Topics(t.root),
             settings=a,
             policy_store=policy_store,
-            publish=self._publish,
-            clock_ns=clock_ns,
-            log=self.log,
+            identity=messages.Identity(settings.gpu.backend, a.observe_only, clock_ns()),
         )
         gpu = ThreadedGpu(backend, call_timeout_s=settings.gpu.call_timeout_s)
-        self.gpus = NodeGpus(
-            gpu,
-            state_dir=a.state_dir,
-            reassert=a.reassert,
-            observe_only=a.observe_only,
-            log=self.log,
-        )
-        self.core.identity = messages.Identity(settings.gpu.backend, a.observe_only, clock_ns())
+        self.gpus = NodeGpus(gpu, state_dir=a.state_dir, observe_only=a.observe_only, log=self.log)
         self.exits = ExitRecord(a.state_dir, clock_ns=clock_ns, logger=self.log)
         self.gate = WatchdogGate()
         self.reload_requested = asyncio.Event()
@@ -110,7 +106,7 @@ class Agent:
             notifier=self.notifier,
             log=self.log,
             status_line=self._status_line,
-            on_rejected=self.core.policy_rejected,
+            on_rejected=self._policy_rejected,
             on_changed=self._policy_changed,
         )
 
@@ -136,20 +132,25 @@ class Agent:
         ``handle_message``, ``control_step``, ``publish_telemetry``) calls it, connects a
         ``MemoryBus`` and ends with ``stop()``.
         """
-        infos, _ = await self.gpus.open()
+        infos = await self.gpus.open()
         grace_ns = int(self.settings.agent.startup_grace_s * 1e9)
-        self.core.discovered(infos, grace_until_mono_ns=self.started_mono_ns + grace_ns)
+        self._carry_out(
+            self.core.discovered(infos, grace_until_mono_ns=self.started_mono_ns + grace_ns)
+        )
         self.window = TelemetryWindow(dict(self.core.infos))
-        samples = await self._sample_once()
-        self.gpus.adopt(list(samples.values()))
+        samples = list((await self._sample_once()).values())
+        self.core.adopt(samples)
         self.core.remote_policy = policy_copy.load_at_start(
             self.policy_store, self.settings.agent, self.log
         )
         if not self.settings.agent.observe_only:
             # Before anything else: a run that did not restore leaves at least fail-safe caps.
-            if await self.gpus.resume_after_unclean_end(self.core, self.mono_ns()):
-                self.core.grace_until_mono_ns = self.started_mono_ns  # no grace after that
-            self.gpus.save_baseline(infos, list(samples.values()))
+            existing = self.gpus.load_baseline()
+            if existing is not None:
+                plan = self.core.resume(existing, now_mono_ns=self.mono_ns())
+                results = await self.gpus.write(plan.writes)
+                self._carry_out(self.core.note_resume(plan, results, now_ns=self.clock_ns()))
+            self.gpus.save_baseline(self.core.capture_baseline(samples, now_ns=self.clock_ns()))
         self.bus = self.bus_factory(
             self.settings.mqtt,
             client_id=self.settings.mqtt.client_id or f"polca-agent-{self.core.addr.node}",
@@ -203,12 +204,7 @@ class Agent:
         self.notifier.stopping()
         if self.bus is not None:
             self.bus.set_handler(None)  # stopping: no message starts another control step
-        reason = await self.gpus.stop(
-            self.core,
-            clean=clean,
-            now_mono_ns=self.mono_ns(),
-            timeout_s=self.settings.agent.stop_timeout_s,
-        )
+        reason = await self._leave_gpus(clean=clean)
         if self.bus is not None:
             try:
                 async with asyncio.timeout(2.0):
@@ -218,33 +214,53 @@ class Agent:
         if self.sinks:
             await self.sinks.close(timeout_s=1.0)
 
-    # ------------------------------------------------------------------ messages out
+    async def _leave_gpus(self, *, clean: bool) -> str:
+        """Leave the GPUs as the end of control requires; the reason for the final status."""
+        timeout_s = self.settings.agent.stop_timeout_s
+        plan = self.core.plan_stop(clean=clean, now_mono_ns=self.mono_ns())
+        results = (
+            await self.gpus.carry_out_stop(plan, timeout_s=timeout_s) if plan.mode != "none" else []
+        )
+        stopped = self.core.note_stop(plan, results, timeout_s=timeout_s, now_ns=self.clock_ns())
+        if stopped.remove_baseline:
+            self.gpus.remove_baseline()
+        self._carry_out(stopped.effects)
+        return stopped.reason
+
+    # ------------------------------------------------------------------ effects out
+
+    def _carry_out(self, effects: Effects) -> None:
+        """Emit what the core asked for: its log lines, its messages, systemd's status."""
+        for line in effects.logs:
+            getattr(self.log, line.level)(line.event, **line.fields)
+        for message in effects.messages:
+            self._publish(message)
+        if effects.status_line is not None:
+            self.notifier.status(effects.status_line)
 
     def _publish(self, message: OutMessage) -> None:
+        # Before the bus exists (start-up), a message has nowhere to go: dropped.
         if self.bus is not None:
             self.bus.publish_nowait(message)
 
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
-        return messages.status(self.core, state, now_ns=self.clock_ns(), reason=reason)
+        return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
 
     def _state_message(self) -> OutMessage:
-        return messages.state(
-            self.core,
-            observe_only=self.settings.agent.observe_only,
-            now_ns=self.clock_ns(),
-            now_mono_ns=self.mono_ns(),
-        )
+        return self.core.state_message(now_ns=self.clock_ns(), now_mono_ns=self.mono_ns())
 
     def _status_line(self) -> str:
-        return messages.status_line(self.core)
+        return self.core.status_line()
 
     # ------------------------------------------------------------------ loops
 
-    async def _sample_once(self) -> dict[int, GpuSample]:
+    async def _sample_once(self) -> Mapping[int, GpuSample]:
         now_s = asyncio.get_running_loop().time()
         indices = self.core.sample_indices(now_s)
-        results: Sequence[GpuSample | GpuError] = await self.gpus.gpu.sample_all(indices)
-        return self.core.note_samples(indices, results, now_s)
+        results = await self.gpus.sample(indices)
+        sampled = self.core.note_samples(indices, results, now_s=now_s, now_ns=self.clock_ns())
+        self._carry_out(sampled.effects)
+        return sampled.samples
 
     async def tick(self) -> None:
         """One sampling tick: read every GPU, then wake the controller."""
@@ -265,20 +281,29 @@ class Agent:
             self.gate.beat()
 
     async def control_step(self) -> ApplyResult | None:
-        """Decide the caps for now and apply what changed; returns the apply outcome."""
-        now_s = asyncio.get_running_loop().time()
-        result, changed = await self.gpus.control_step(self.core, self.mono_ns(), now_s)
-        if changed:
-            self._publish(self._state_message())
-            self.notifier.status(self._status_line())
-        return result
+        """Have the core decide for now, make the writes it plans and feed their results
+        back; returns what the writes did (None: nothing was written)."""
+        plan = self.core.control_step(now_mono_ns=self.mono_ns(), now_ns=self.clock_ns())
+        self._carry_out(plan.effects)
+        if not plan.writes:
+            return None
+        results = await self.gpus.write(plan.writes)
+        applied = self.core.note_step(
+            plan,
+            results,
+            now_s=asyncio.get_running_loop().time(),
+            now_ns=self.clock_ns(),
+            now_mono_ns=self.mono_ns(),
+        )
+        self._carry_out(applied.effects)
+        return applied.result
 
     async def _publish_telemetry_once(self) -> None:
         await self.read_health()
         try:
             message = self.publish_telemetry()
         except ValueError as exc:  # pydantic's ValidationError: readings out of bounds
-            self.core.drops.drop("telemetry_invalid", topic="telemetry", detail=str(exc))
+            self._carry_out(self.core.telemetry_invalid(str(exc), now_mono_ns=self.mono_ns()))
             return
         if self.sinks:
             self.write_points(message)
@@ -289,11 +314,11 @@ class Agent:
         if not indices:
             return
         try:
-            results: Sequence[GpuHealth | GpuError] = await self.gpus.gpu.health_all(indices)
+            results = await self.gpus.read_health(indices)
         except GpuError as exc:  # the GPU thread is stuck: the counters wait for it
             self.log.warning("gpu_health_unread", error=str(exc))
             return
-        self.core.note_health(indices, results)
+        self._carry_out(self.core.note_health(indices, results, now_ns=self.clock_ns()))
 
     def publish_telemetry(self) -> Telemetry:
         """Build and queue one telemetry message from the samples since the last one."""
@@ -307,29 +332,27 @@ class Agent:
             rejected=self.core.drops.total,
             gpu_errors=int(stats.get("errors", 0)),
         )
-        message, out = messages.telemetry(
-            self.core,
+        message, effects = self.core.telemetry(
             self.window,
-            applied=self.gpus.actuator.applied,
-            interval_s=self.settings.agent.publish_interval_s,
             health=health,
             now_ns=self.clock_ns(),
-            gpu_health=self.core.health.due(asyncio.get_running_loop().time()),
+            now_s=asyncio.get_running_loop().time(),
         )
-        self._publish(out)
+        self._carry_out(effects)
         return message
 
     def write_points(self, message: Telemetry) -> None:
         """Hand the interval's points (GPUs, health, caps, the agent) to the sinks."""
+        now_mono_ns = self.mono_ns()
         self.sinks.write(
             agent_points(
-                self.core,
+                self.core.snapshot(),
                 message,
+                lease=self.core.lease(now_mono_ns),
                 site=self.settings.topics.site,
                 health=self.core.health.reports,
                 gpu_errors=message.health.gpu_errors,
-                observe_only=self.settings.agent.observe_only,
-                now_mono_ns=self.mono_ns(),
+                now_mono_ns=now_mono_ns,
             )
         )
 
@@ -338,9 +361,7 @@ class Agent:
         received = self.core.receive(message)
         if received.policy_copy is not None:
             policy_copy.save(self.settings.agent, received.policy_copy, self.log)
-        if received.status_changed:
-            self._publish(self._status_message("online"))
-            self.notifier.status(self._status_line())
+        self._carry_out(received.effects)
         if received.wake:
             self._wake.set()
 
@@ -358,9 +379,11 @@ class Agent:
             return False
         return self.reloader.reload(trigger=trigger)
 
+    def _policy_rejected(self, problems: Sequence[str]) -> None:
+        self._carry_out(self.core.policy_rejected(problems, now_ns=self.clock_ns()))
+
     def _policy_changed(self) -> None:
-        self.core.policy_reloaded_from_file()
-        self._publish(self._status_message("online"))
+        self._carry_out(self.core.policy_reloaded_from_file(now_ns=self.clock_ns()))
         self._wake.set()
 
 

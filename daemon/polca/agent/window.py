@@ -7,7 +7,8 @@ mJ -> J.
 
 NVML's answers are hostile input too: a reading outside what the wire schema allows (a
 power of 20 MW, a temperature of 500 C) is published as null, counted in
-``invalid_readings`` and logged once per GPU and field, instead of failing the message.
+``invalid_readings`` and logged once per GPU and field (through the logger ``drain`` is
+given: the agent core's log book), instead of failing the message.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class TelemetryWindow:
     _prev_energy_mj: dict[int, int] = field(default_factory=dict)
     _logged: set[tuple[int, str]] = field(default_factory=set)  # bounded: GPUs x fields
 
-    def _record(self, **fields: Any) -> GpuTelemetry:
+    def _record(self, log: Any, **fields: Any) -> GpuTelemetry:
         """A telemetry record; readings the schema refuses become null (counted, logged)."""
         for _ in range(len(fields)):
             try:
@@ -87,7 +88,7 @@ class TelemetryWindow:
                     key = (int(fields["index"]), name)
                     if key not in self._logged:
                         self._logged.add(key)
-                        _log.warning(
+                        log.warning(
                             "gpu_reading_invalid",
                             gpu=fields["index"],
                             field=name,
@@ -107,10 +108,13 @@ class TelemetryWindow:
         lost: set[int],
         locks: dict[int, int | None],
         health: Mapping[int, GpuHealthReport] | None = None,
+        log: Any = None,
     ) -> tuple[list[GpuTelemetry], float, float]:
         """Records for every GPU, the node's summed mean GPU power (W) and energy delta (J);
-        ``health`` are the GPUs' health counters due in this message."""
+        ``health`` are the GPUs' health counters due in this message. A reading nulled is
+        logged through ``log`` (structlog's when None)."""
         health = health or {}
+        log = log if log is not None else _log
         records: list[GpuTelemetry] = []
         total_w = 0.0
         total_j = 0.0
@@ -120,6 +124,7 @@ class TelemetryWindow:
             if win is None or win.last is None:
                 records.append(
                     self._record(
+                        log,
                         index=index,
                         uuid=info.uuid,
                         name=info.name,
@@ -139,6 +144,7 @@ class TelemetryWindow:
                     delta_j = (s.energy_mj - prev) / 1000.0
                 self._prev_energy_mj[index] = s.energy_mj
             record = self._record(
+                log,
                 index=index,
                 uuid=info.uuid,
                 name=info.name,

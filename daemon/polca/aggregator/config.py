@@ -17,7 +17,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from polca.cooling.loops import CoolingSettings
-from polca.settings import InfluxSettings, ProcessSettings, read_secret
+from polca.settings import DEFAULT_TOPIC_ROOT, InfluxSettings, ProcessSettings, read_secret
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES, MAX_ROW_NODES, MAX_ROW_RACKS
 
 MAX_BUDGET_W = 1e9
@@ -342,7 +342,7 @@ class AggregatorSettings(ProcessSettings):
         pattern=_NAME,
         description="This aggregator's name (client id, status topic).",
     )
-    topic_root: str = Field("polca/v1", description="MQTT topic root, with the version.")
+    topic_root: str = Field(DEFAULT_TOPIC_ROOT, description="MQTT topic root, with the version.")
     policy_file: Path = Field(
         Path("/etc/polca/policy.yaml"), description="The policy (source of the node policy)."
     )

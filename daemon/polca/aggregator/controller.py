@@ -13,18 +13,19 @@ release after a full dwell, as if nothing had happened.
 
 Retained state is validated before it is trusted, and policies change under a running
 ladder: every level that comes from outside the current policy (a seed, the level in force
-when a reload removed levels, a forced floor) is clamped into ``[0, top level]`` before it
+when a reload removed levels, a forced floor) is clamped (``Policy.clamp_level``) before it
 is used, and nothing indexes ``policy.levels`` with an unclamped number. A budget that is
-not a positive finite number (a thermal budget derated to nothing) counts as exceeded.
+not a positive finite number (a thermal budget derated to nothing) counts as exceeded
+(``usable_budget_w``, the ladder's), and the ladder says why each level is what it is.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from polca.policy import LadderState, next_level
+from polca.policy.ladder import usable_budget_w
 from polca.policy.model import Policy
 from polca.telemetry.schema import Control
 
@@ -49,8 +50,6 @@ _REASON_CHARS = 512
 """The wire limit of ``Control.reason``."""
 _MAX_SEEDED_SEQ = 2**62
 """Room left for this run's messages above a retained sequence number."""
-_MIN_BUDGET_W = 1e-3
-"""Stands in for a budget of zero or less: any power is over it."""
 
 
 def level_name(policy: Policy, level: int) -> str:
@@ -128,13 +127,13 @@ class ScopeController:
         published level is the higher of the two, and the ladder itself is not touched, so
         when the floor drops the ordinary release rules (dwell, one step) apply.
         """
-        top = len(policy.levels)
+        top = policy.top_level
         # A reload may have removed levels since the last step: clamp what came before.
-        previous = max(0, min(self.published_level, top))
+        previous = policy.clamp_level(self.published_level)
         if self.ladder.level > top:
             self.ladder = LadderState(level=top, below_since_s=self.ladder.below_since_s)
-        if not (math.isfinite(budget_w) and budget_w > 0):
-            budget_w = _MIN_BUDGET_W
+        budget_w = usable_budget_w(budget_w)
+        ladder_before = self.ladder.level
         self.ladder = next_level(
             power_w=power_w,
             budget_w=budget_w,
@@ -143,7 +142,7 @@ class ScopeController:
             now_s=now_s,
             trend_w_per_s=trend_w_per_s,
         )
-        level = max(self.ladder.level, 0, min(floor_level, top))
+        level = max(self.ladder.level, policy.clamp_level(floor_level))
         if top > 0 and level == top > previous:
             self.brakes += 1
         self.published_level = level
@@ -151,10 +150,12 @@ class ScopeController:
         pct = 100.0 * power_w / budget_w
         thresholds = tuple(budget_w * lvl.threshold_pct / 100.0 for lvl in policy.levels)
         name = level_name(policy, level)
-        if floor_level > self.ladder.level and level == floor_level:
+        if level > self.ladder.level:
             reason = f"forced {name}: {floor_reason or 'external limit'}"
+        elif level < previous and self.ladder.level >= ladder_before:
+            reason = f"forced level lifted; {self.ladder.reason}"  # the floor dropped
         else:
-            reason = _reason(policy, previous, level, pct, power_w, budget_w, trend_w_per_s)
+            reason = self.ladder.reason
         reason = reason[:_REASON_CHARS]
         control = Control(
             ts_ns=now_ns,
@@ -207,29 +208,3 @@ class ScopeController:
             audit=audit,
             brakes=self.brakes,
         )
-
-
-def _reason(  # noqa: PLR0917 - a private helper with one call site
-    policy: Policy,
-    previous: int,
-    level: int,
-    pct: float,
-    power_w: float,
-    budget_w: float,
-    trend_w_per_s: float | None,
-) -> str:
-    """One line saying why the level is what it is."""
-    if level > previous:
-        reached = sum(1 for lvl in policy.levels if pct >= lvl.threshold_pct)
-        if level > reached and trend_w_per_s is not None:
-            eta_s = (budget_w - power_w) / trend_w_per_s if trend_w_per_s > 0 else float("inf")
-            return f"trend {trend_w_per_s:+.0f} W/s reaches the budget in {eta_s:.1f} s"
-        threshold = policy.levels[level - 1].threshold_pct
-        return f"power {pct:.1f}% >= {level_name(policy, level)} at {threshold:g}%"
-    if level < previous:
-        threshold = policy.levels[previous - 1].threshold_pct
-        return (
-            f"power {pct:.1f}% stayed below {threshold - policy.release.margin_pct:g}% for "
-            f"{policy.release.dwell_s:g} s: released {level_name(policy, previous)}"
-        )
-    return f"power {pct:.1f}% of budget"

@@ -172,10 +172,9 @@ class Intake:
         """The topic filters of the control connection: the owned rows' control (a
         previous run's, a peer's), which only aggregators may write (never ``#``)."""
         subs: list[tuple[str, int]] = []
-        root = self.topics.root
         for row in self.trackers:
             subs.append((self.topics.row_control(self.site, row), 1))
-            subs.append((f"{root}/{self.site}/{row}/+/control", 1))
+            subs.append((self.topics.rack_control(self.site, row, "+"), 1))
         return subs
 
     def source_subscriptions(self) -> list[tuple[str, int]]:

@@ -2,7 +2,8 @@
 
 The one place where the aggregator's typed results (a ``StepResult`` of the control step,
 the telemetry and events the intake accepted, the cooling assessments) become points of
-``polca.export.points.SCHEMA``; the runtime hands them to the sinks. No I/O.
+``polca.export.schema.SCHEMA``; ``core.py`` picks the ones due (``export.schedule.Thinning``)
+and the shell (``runtime.py``) hands them to the sinks. No I/O.
 """
 
 from __future__ import annotations

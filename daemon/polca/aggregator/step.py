@@ -6,13 +6,15 @@ supervisor) and, once per control interval, ``step`` turns it into a ``StepResul
 each row's rollup and trend, its effective budgets (electrical, lowered by the cooling
 loops' thermal budgets), the decision of every scope (row first, then its racks, each
 with the control message that renews the agents' lease) and the cooling assessment.
-The shell (``runtime.py``) publishes the result (``messages.py``) and writes its points
-(``points.py``); nothing here touches MQTT, a database or a clock (time comes in).
+``core.py`` (``AggregatorCore.step``) builds the result's messages (``messages.py``) and
+points (``points.py``), which the shell (``runtime.py``) publishes and writes; nothing here
+touches MQTT, a database or a clock (time comes in).
 
 A step is a transaction: ``checkpoint`` before it and ``restore`` after a failure put back
 every controller's ladder and sequence and the cooling supervisor's alarms, so a step that
 raised half-way (whatever the input) decides nothing, and the next one starts from the last
-good state; the shell publishes a step's messages only once all of them were built.
+good state; ``AggregatorCore.step`` runs it so, and hands the shell a step's messages only
+once all of them were built.
 
 During ``control.warmup_s`` after ``start`` nothing is decided until every node has
 reported, so a restarted aggregator never uncaps a row for lack of data; ``seed`` takes

@@ -1,8 +1,11 @@
 """Liquid cooling: the sources of CDU telemetry, and the supervision of the loops they serve.
 
-Sources (run as ``polca cdu``): a simulated cooling plant (``polca.cooling.plant``,
-``.faults``), a Modbus TCP poller (``.modbus``, ``.registers``), their publishers
-(``.publisher``), process settings (``.config``) and command line (``.cli``).
+Sources (run as ``polca cdu``): a simulated cooling plant (``polca.cooling.plant``:
+``SimulatedCdu``, assembled from the loop's physics ``.plant_model``, its instruments
+``.sensors``, its ratings ``.ratings``, its readings ``.sample`` and the coolant's
+constants ``.coolant``; fault kinds ``.faults``; long reproducible runs ``.traces``), a
+Modbus TCP poller (``.modbus``, ``.registers``), their publishers (``.publisher``),
+process settings (``.config``) and command line (``.cli``).
 
 Supervision (pure, run by the aggregator): the loops' settings (``.loops``), the supervisor
 (``.supervisor``) and its parts: alarm specs and their engine (``.alarms``, ``.debounce``),

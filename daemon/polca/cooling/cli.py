@@ -7,7 +7,7 @@
   and publish its telemetry; ``--once`` prints one reading and exits (commissioning).
 
 ``polca.cli`` wires these in with ``add_parsers(sub)`` and ``main(args)``. Exit codes as
-the rest of polca: 0, 1 on a failure, 78 (EX_CONFIG) for a configuration problem.
+the rest of polca (``polca.exits``): 0, 1 on a failure, 78 for a configuration problem.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from polca.cooling.faults import FAULT_KINDS, FaultEvent, parse_fault
+from polca.exits import EX_CONFIG, EX_FAILURE, exit_code
 
 if TYPE_CHECKING:
     from polca.cooling.config import CduSettings
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
     from polca.telemetry.bus import MqttBus
 
 __all__ = ["add_parsers", "main"]
-
-EX_CONFIG = 78
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -113,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         else:
             asyncio.run(_modbus(args, settings))
     except (Exception, KeyboardInterrupt) as exc:
-        return _exit_code(exc, log)
+        return exit_code(exc, log, daemon="cdu")
     return 0
 
 
@@ -135,35 +134,14 @@ def _settings(args: argparse.Namespace) -> CduSettings:
     return load_settings_as(CduSettings, args.config, **over)
 
 
-def _exit_code(exc: BaseException, log: Any) -> int:
-    from polca.errors import FatalError  # noqa: PLC0415
-
-    leaves = _leaves(exc)
-    if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
-        return 130
-    code = 1
-    for leaf in leaves:
-        if isinstance(leaf, FatalError):
-            log.critical("cdu_fatal", error=str(leaf), kind=type(leaf).__name__)
-            code = EX_CONFIG
-        elif not isinstance(leaf, KeyboardInterrupt):
-            log.critical("cdu_failed", error=str(leaf), kind=type(leaf).__name__)
-    return code
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
-
-
 async def _simulate(args: argparse.Namespace, settings: CduSettings) -> None:
-    from polca.cooling.plant import CduRatings, SimulatedCdu  # noqa: PLC0415
+    from polca.cooling.plant import SimulatedCdu  # noqa: PLC0415
     from polca.cooling.publisher import (  # noqa: PLC0415
         RackPowerTracker,
         run_plant,
         track_rack_power,
     )
+    from polca.cooling.ratings import CduRatings  # noqa: PLC0415
     from polca.telemetry.bus import MqttBus  # noqa: PLC0415
     from polca.telemetry.topics import Topics  # noqa: PLC0415
 
@@ -262,7 +240,7 @@ async def _poll_once(settings: CduSettings) -> int:
         telemetry = await poller.poll()
     except PolcaError as exc:
         sys.stderr.write(f"{exc}\n")
-        return EX_CONFIG if isinstance(exc, FatalError) else 1
+        return EX_CONFIG if isinstance(exc, FatalError) else EX_FAILURE
     finally:
         poller.close()
     sys.stdout.write(telemetry.model_dump_json(indent=2) + "\n")

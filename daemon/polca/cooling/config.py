@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from polca.cooling.registers import ModbusCduConfig
-from polca.settings import ProcessSettings
+from polca.settings import DEFAULT_TOPIC_ROOT, ProcessSettings
 
 __all__ = ["CduSettings"]
 
@@ -20,7 +20,7 @@ _SEGMENT = r"^[A-Za-z0-9_.-]+$"
 class CduSettings(ProcessSettings):
     """Settings of a ``polca cdu`` process (YAML via ``--config``, ``POLCA_*`` env)."""
 
-    topic_root: str = Field("polca/v1", description="Topic root, including the version.")
+    topic_root: str = Field(DEFAULT_TOPIC_ROOT, description="Topic root, including the version.")
     site: str = Field("site", pattern=_SEGMENT, description="Site name (topic segment).")
     interval_s: float = Field(1.0, gt=0, le=3600, description="Publish (and poll) period.")
     modbus: ModbusCduConfig | None = Field(

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from polca.export.points import SCHEMA, LineTemplate, SeriesPoint
+from polca.export.points import LineTemplate, SeriesPoint
+from polca.export.schema import SCHEMA
 from polca.telemetry.schema import GpuHealthReport, Telemetry
 
 _GPU_FIELDS: Final = tuple(SCHEMA["gpu"].fields)

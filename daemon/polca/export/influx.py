@@ -28,7 +28,7 @@ the network. The rules, each counted in ``stats`` and logged:
   spills to the spool when it nears ``max_buffer_points`` while the database is slow. Beyond
   ``spool_max_mb`` the oldest segments are deleted and their points counted as dropped;
   without a spool, memory holds ``max_buffer_points`` and the oldest points are dropped.
-- Points come in two classes (``points.py`` ``ESSENTIAL_MEASUREMENTS``: rows, racks,
+- Points come in two classes (``schema.py`` ``ESSENTIAL_MEASUREMENTS``: rows, racks,
   nodes, control, cooling, leadership, the aggregator's health; the rest is *bulk*: per-GPU
   series, GPU health, agent reports, events, whose volume the nodes set). Memory holds one
   queue per class under the one ``max_buffer_points`` bound, and the spool one kind of
@@ -62,7 +62,7 @@ import structlog
 
 from polca import aiokit
 from polca.errors import BatchRejectedError, ConfigError, InfluxUnavailableError
-from polca.export.points import ESSENTIAL_MEASUREMENTS
+from polca.export.schema import ESSENTIAL_MEASUREMENTS
 from polca.export.sink import SinkStats
 from polca.export.spool import Spool
 from polca.export.transport import PRECISION, Transport, V1Transport, V2Transport, redacted

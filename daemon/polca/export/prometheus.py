@@ -1,6 +1,6 @@
 """A Prometheus ``/metrics`` endpoint: one more sink of the export path.
 
-Why a sink: the points the aggregator writes to InfluxDB (``points.py``'s ``SCHEMA``) are
+Why a sink: the points the aggregator writes to InfluxDB (``schema.py``'s ``SCHEMA``) are
 already every fact worth a metric; this sink keeps the latest value of every series and
 serves them in Prometheus's text format (``prometheus-client``), renamed to Prometheus's
 conventions: base units (``_watts``, ``_joules_total``, ``_celsius``, ``_hertz``,

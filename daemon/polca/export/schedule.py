@@ -11,15 +11,22 @@ of the moment it is written (a sample, not a mean over the interval): counters s
 
 Only state-like measurements can be thinned (``THINNABLE``); control decisions, events and
 cooling alarms are always written.
+
+``Thinning`` is that schedule applied to what the aggregator writes: a node's telemetry
+(its ``gpu`` points per node, its ``gpu_health`` points with ``HealthBacklog`` holding the
+counters that came early) and a control step's points (one decision per measurement).
 """
 
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Mapping, Sequence
+from typing import Final, Protocol, TypeVar
 
+from polca.export import gpus
+from polca.export.points import SeriesPoint
 from polca.settings import Thinnable
+from polca.telemetry.schema import Telemetry
 
 THINNABLE: Final[tuple[str, ...]] = typing.get_args(Thinnable)
 ALWAYS_THINNED_S: Final[Mapping[str, float]] = {"gpu_health": 1.0}
@@ -66,3 +73,45 @@ class WriteSchedule:
             self._written_s.clear()  # bounded; forgetting only writes a point early
         self._written_s[key] = now_s
         return True
+
+
+class _Measured(Protocol):
+    @property
+    def measurement(self) -> str: ...
+
+
+_P = TypeVar("_P", bound=_Measured)
+
+
+class Thinning:
+    """The aggregator's write intervals, applied to a node's telemetry and a step's points."""
+
+    def __init__(self, every_s: Mapping[Thinnable, float] | Mapping[str, float]) -> None:
+        """Intervals as in ``WriteSchedule`` (``influx.write_every_s``); nothing written yet."""
+        self.schedule = WriteSchedule(every_s)
+        self.health_backlog = gpus.HealthBacklog()
+
+    def telemetry_batches(
+        self, telemetry: Telemetry, *, node: str, site: str, row: str, rack: str, now_s: float
+    ) -> list[list[SeriesPoint]]:
+        """The batches of points one node's telemetry message writes now (each a write).
+
+        Its ``gpu_health`` points when the node's health interval has passed (with the
+        counters that waited for it; counters that came sooner wait in the backlog, never
+        lost), then its ``gpu`` points when the node's ``gpu`` interval has passed.
+        """
+        batches: list[list[SeriesPoint]] = []
+        if self.health_backlog.add(telemetry) and self.schedule.due("gpu_health", node, now_s):
+            health = self.health_backlog.take(node)
+            batches.append(
+                gpus.gpu_health_points(telemetry, site=site, row=row, rack=rack, health=health)
+            )
+        if self.schedule.due("gpu", node, now_s):
+            batches.append(gpus.gpu_points(telemetry, site=site, row=row, rack=rack))
+        return batches
+
+    def step_points(self, points: Sequence[_P], now_s: float) -> list[_P]:
+        """The points of one control step that are due: one decision per measurement, so a
+        step writes all its series of a measurement or none."""
+        due = {m: self.schedule.due(m, "", now_s) for m in {p.measurement for p in points}}
+        return [p for p in points if due[p.measurement]]

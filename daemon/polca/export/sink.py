@@ -43,7 +43,7 @@ class SinkStats:
     """The last write error, for operators."""
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     """Dropped points by reason: memory_full_bulk, spool_full_bulk (bulk points beyond a
-    bound, see ``points.BULK_MEASUREMENTS``), memory_full, spool_full (essential points
+    bound, see ``schema.BULK_MEASUREMENTS``), memory_full, spool_full (essential points
     beyond a bound: only when they alone exceed it), spool_unreadable (a segment that
     cannot be read, or is no file), spool_corrupt (records a segment lacks: cut, altered or
     foreign), rejected, closed, invalid (a value line protocol cannot carry)."""

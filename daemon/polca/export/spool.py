@@ -33,7 +33,7 @@ lacks when read is counted as ``corrupt_points`` (and the name corrected, so tha
 does not count it again); a segment that cannot be read at all, or is no file, as
 ``unreadable_points``. Other files in the directory are left alone and reported.
 
-Two classes share the directory and its byte bound (``polca.export.points``
+Two classes share the directory and its byte bound (``polca.export.schema``
 ``ESSENTIAL_MEASUREMENTS``): a segment holds lines of one class, and the class is in its
 name. To stay within ``max_bytes`` the oldest *bulk* segments are evicted first; an
 essential segment is evicted only when no bulk one is left, and a bulk segment that does not

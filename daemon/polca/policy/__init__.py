@@ -12,6 +12,7 @@ from polca.policy.engine import (
     GpuView,
     decide,
     tighter,
+    within,
 )
 from polca.policy.ladder import LadderState, next_level
 from polca.policy.loader import (
@@ -48,4 +49,5 @@ __all__ = [
     "policy_json_schema",
     "tighter",
     "trend_w_per_s",
+    "within",
 ]

@@ -100,7 +100,7 @@ def decide(
         fail_safe_reason = FAIL_SAFE_NO_CONTROLLER
     elif control.lease_expires_ns <= now_ns:
         fail_safe_reason = FAIL_SAFE_LEASE_EXPIRED
-    level = 0 if control is None or fail_safe_reason else clamp_level(control.level, policy)
+    level = 0 if control is None or fail_safe_reason else policy.clamp_level(control.level)
 
     guard_names = {guard.name for guard in policy.thermal_guards}
     present = {gpu.uuid for gpu in gpus}
@@ -136,11 +136,6 @@ def decide(
         level=level,
         fail_safe=fail_safe_reason is not None,
     )
-
-
-def clamp_level(level: int, policy: Policy) -> int:
-    """``level`` clamped into ``[0, len(policy.levels)]`` (out of range -> nearest end)."""
-    return max(0, min(level, policy.top_level))
 
 
 def guard_latched(guard: ThermalGuard, gpu: GpuView, *, was_latched: bool) -> bool:
@@ -188,9 +183,9 @@ def _target(
         if power is not None and (power_mw is None or power < power_mw):
             power_mw, power_reason = power, reason
     if clock_mhz is not None:
-        clock_mhz = _clamp(clock_mhz, gpu.sm_clock_min_mhz, gpu.sm_clock_max_mhz, notes, "sm_clock")
+        clock_mhz = _noted(clock_mhz, gpu.sm_clock_min_mhz, gpu.sm_clock_max_mhz, notes, "sm_clock")
     if power_mw is not None:
-        power_mw = _clamp(
+        power_mw = _noted(
             power_mw, gpu.power_limit_min_mw, gpu.power_limit_max_mw, notes, "power_limit"
         )
     return GpuTarget(
@@ -227,14 +222,25 @@ def _power_mw(spec: CapSpec, gpu: GpuView, reason: str, notes: list[str]) -> int
     return math.floor(gpu.power_limit_default_mw * spec.power_limit_pct / 100 + _PCT_EPSILON)
 
 
-def _clamp(value: int, low: int | None, high: int | None, notes: list[str], what: str) -> int:
-    # The upper bound wins over the lower one: a cap must never exceed the hardware maximum.
+def within(value: int, low: int | None, high: int | None) -> int:
+    """``value`` clamped into a GPU's supported range ``[low, high]`` (None: unbounded).
+
+    The upper bound wins over the lower one: a cap must never exceed the hardware maximum,
+    even when a driver reports a minimum above it. The one clamp of power limits and
+    clocks: the engine's targets and the actuator's settings both go through it.
+    """
     if low is not None and value < low:
-        notes.append(f"clamped:{what}_min")
         value = low
     if high is not None and value > high:
         value = high
     return value
+
+
+def _noted(value: int, low: int | None, high: int | None, notes: list[str], what: str) -> int:
+    """``within``, noting a raise to the minimum (a cap the GPU cannot go as low as)."""
+    if low is not None and value < low:
+        notes.append(f"clamped:{what}_min")
+    return within(value, low, high)
 
 
 def tighter(a: GpuTarget, b: GpuTarget) -> GpuTarget:

@@ -396,6 +396,11 @@ class Policy(_Model):
         """The number of the highest level (the brake, by convention)."""
         return len(self.levels)
 
+    def clamp_level(self, level: int) -> int:
+        """``level`` clamped into ``[0, top_level]``: a level from outside this policy (a
+        message, a retained seed, a forced floor, a reload that removed levels)."""
+        return max(0, min(level, self.top_level))
+
     def level_name(self, level: int) -> str:
         """Name of level ``level``: ``nominal`` for 0, else the policy's level name."""
         return "nominal" if level <= 0 else self.levels[min(level, self.top_level) - 1].name

@@ -9,6 +9,14 @@ idle power, memory share, clock exponent and clock range: ``daemons_gpu``) and t
 daemons' control timing (1 s telemetry, caps within the step, no hardware brake), and
 compares time per level, capping episodes and peak row power with ``row.csv``.
 
+Time per level is compared at the daemons' row summaries, each allowed the control loop's
+timing (``Tolerances.level_slack_s``): a summary counts for the replay's level when the
+replay had that level within a couple of seconds of it. The loop's hysteresis and trend
+rule turn a reading a second early or late into a release or an entry a second or more
+apart, and a loaded machine delays the daemons' readings by a second or so, so the raw
+shares of a short run swing by several points from run to run; a level the replay did not
+have near that time is a disagreement all the same.
+
 What is left out on purpose, so it shows as disagreement if it matters: the replay knows
 only the power the load drew at the default limit (not the demand above it), no thermal
 guards, and no sub-second timing.
@@ -16,20 +24,30 @@ guards, and no sub-second timing.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import dataclasses
-import io
-import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from polca.errors import SimConfigError
 from polca.physics.presets import GpuModel, get_model
-from polca.policy import Policy
-from polca.sim.history import level_summary, load_history_csv, replay
-from polca.sim.model import SIM_GPUS, ControlConfig, ServerPreset, SimGpu
+from polca.policy import Policy, load_policy
+from polca.sim import report
+from polca.sim.history import level_summary, plan_history, replay
+from polca.sim.model import (
+    ACTUATION_PRESETS_S,
+    SIM_GPUS,
+    ControlConfig,
+    ServerPreset,
+    SimGpu,
+    server_preset,
+)
+from polca.sim.plan import Slo, Variant
+from polca.sim.power_history import load_history_csv
 
 MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
 
@@ -49,6 +67,11 @@ class Tolerances:
     """How close the replay must come to the daemons' run."""
 
     level_time_pts: float = 5.0  # each level's share of the time, percentage points
+    # How far apart in time the two may put the same level. A change of load reaches the
+    # daemons' level up to 2 s after the replay's (their reading is the agents' mean over
+    # their last 1 s, evaluated at the aggregator's next 1 s tick, where the replay acts
+    # at its step), and later on a loaded machine, where messages wait for the CPU.
+    level_slack_s: float = 2.5
     # Peak row power, percentage points of the budget. A history holds the power drawn at
     # the default limit, not the demand above it, so for GPUs at their limit the replay's
     # capped power is low: with every GPU of the demo's row at its limit under T2's caps,
@@ -124,17 +147,59 @@ def observed(
     row_csv: Path, *, policy: Policy, budget_w: float, start_s: float, end_s: float
 ) -> dict[str, Any]:
     """Time per level, capping episodes and peak of the daemons' run within the window."""
+    return _observed(row_csv, policy=policy, budget_w=budget_w, start_s=start_s, end_s=end_s)[0]
+
+
+def _observed(
+    row_csv: Path, *, policy: Policy, budget_w: float, start_s: float, end_s: float
+) -> tuple[dict[str, Any], list[float], list[int]]:
+    """``observed``, and the times and levels of the summaries within the window."""
     times, powers, all_levels = read_row_record(row_csv)
     window = [i for i, t in enumerate(times) if start_s <= t <= end_s]
     if not window:
         msg = f"{row_csv}: no row summary within the replayed window"
         raise SimConfigError(msg)
     peak_w = max(powers[i] for i in window)
-    return {
-        **level_summary([all_levels[i] for i in window], policy),
+    levels = [all_levels[i] for i in window]
+    summary = {
+        **level_summary(levels, policy),
         "peak_pct": 100.0 * peak_w / budget_w,
         "summaries": len(window),
     }
+    return summary, [times[i] for i in window], levels
+
+
+def aligned_levels(
+    times_s: Sequence[float],
+    levels: Sequence[int],
+    replay_t_s: Sequence[float],
+    replay_levels: Sequence[int],
+    *,
+    slack_s: float,
+) -> list[int]:
+    """The replay's level at each of the daemons' summaries, give or take ``slack_s``.
+
+    ``times_s`` and ``replay_t_s`` (ascending) are on one clock. A summary whose level the
+    replay had at a step within ``slack_s`` of it gets that level (the two agree but for
+    the loop's timing); any other gets the replay's level at the step nearest to it.
+    """
+    if not replay_t_s or len(replay_t_s) != len(replay_levels):
+        msg = "the replay has no level series to compare with"
+        raise SimConfigError(msg)
+    aligned: list[int] = []
+    for t_s, level in zip(times_s, levels, strict=True):
+        lo = bisect.bisect_left(replay_t_s, t_s - slack_s)
+        hi = bisect.bisect_right(replay_t_s, t_s + slack_s)
+        if level in replay_levels[lo:hi]:
+            aligned.append(level)
+            continue
+        at = bisect.bisect_left(replay_t_s, t_s)
+        nearest = min(
+            (i for i in (at - 1, at) if 0 <= i < len(replay_t_s)),
+            key=lambda i: abs(replay_t_s[i] - t_s),
+        )
+        aligned.append(replay_levels[nearest])
+    return aligned
 
 
 def compare(
@@ -216,41 +281,83 @@ def agreement(
     )
     start_s = t0 + warmup_s
     end_s = t0 + history.duration_s
-    daemons = observed(
+    daemons, times_s, levels = _observed(
         record_dir / "row.csv", policy=policy, budget_w=row.budget_w, start_s=start_s, end_s=end_s
     )
+    series = simulated["series"]
+    at_summaries = level_summary(
+        aligned_levels(
+            [t - t0 for t in times_s],
+            levels,
+            series["t_s"],
+            series["level"],
+            slack_s=tolerances.level_slack_s,
+        ),
+        policy,
+    )["time_at_level_pct"]
     return {
         "window_s": [round(warmup_s, 1), round(history.duration_s, 1)],
         "daemons": daemons,
         "simulator": {k: simulated[k] for k in ("time_at_level_pct", "capping_events", "peak_pct")},
+        # The replay's time per level at the daemons' summaries (``aligned_levels``): what
+        # the metrics compare.
+        "simulator_at_summaries_pct": at_summaries,
         "simulator_uncapped_peak_pct": simulated["uncapped_peak_pct"],
-        "simulator_series": {"t0": t0, **simulated["series"]},
+        "simulator_series": {"t0": t0, **series},
         "control": dataclasses.asdict(DAEMONS_CONTROL),
         "tolerances": dataclasses.asdict(tolerances),
-        **compare(daemons, simulated, tolerances),
+        **compare(daemons, {**simulated, "time_at_level_pct": at_summaries}, tolerances),
     }
 
 
-def plan_demo_row(history: Path, *, policy_file: Path, row: DemoRow, out: Path) -> dict[str, Any]:
-    """``polca plan --history`` on a demo row's uncapped load (``polca demo --record``'s
-    ``uncapped.csv``, or ``polca.demo.uncapped_load``'s) at the row's own servers: the
-    demo's policy in-band, on the daemons' GPU model, with 1 s telemetry. The plan's point
-    (``plan.json``'s one point: violations, brake events, time per level, peaks)."""
-    from polca.sim import cli  # noqa: PLC0415 - the command line imports the whole planner
+def plan_demo_row(
+    history: Path, *, policy_file: Path, row: DemoRow, out: Path | None = None
+) -> dict[str, Any]:
+    """The planner's point for a demo row's uncapped load at the row's own servers.
 
-    argv = ["plan", "--policy", str(policy_file), "--actuation", "in-band", "--model", row.model]
-    argv += ["--history", str(history), "--history-step-s", "1"]
-    argv += ["--history-gpu-physics", row.model]
-    argv += ["--servers", str(row.servers), "--gpus-per-server", str(row.gpus_per_server)]
-    argv += ["--budget-w", str(row.budget_w), "--server-other-w", str(row.non_gpu_w)]
-    argv += ["--server-overhead", "0", "--telemetry-period-s", "1", "--telemetry-delay-s", "1"]
-    argv += ["--oversubscription", "0", "--warmup", "30", "--no-plots", "--out", str(out)]
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = cli.main(cli.parse(argv), out=stdout, err=stderr)
-    if code != 0:
-        msg = f"polca plan --history {history} failed ({code}): {stderr.getvalue().strip()}"
-        raise SimConfigError(msg)
-    plan = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    ``history`` is ``polca demo --record``'s ``uncapped.csv`` or
+    ``polca.demo.load.uncapped_load``'s. The point is what ``polca plan --history HISTORY
+    --history-gpu-physics MODEL --actuation in-band --oversubscription 0
+    --telemetry-period-s 1 --telemetry-delay-s 1 --warmup 30`` gives with the row's budget,
+    servers and non-GPU power (violations, brake events, time per level, peaks), called as
+    a function rather than through the command line, which imports this module. With
+    ``out``, the plan is also written to ``out/plan.json`` as that command writes it.
+    """
+    policy = load_policy(policy_file).policy
+    recorded = load_history_csv(history, step_s=1.0)
+    try:
+        gpu = daemons_gpu(get_model(row.model))
+    except ValueError as exc:
+        msg = f"the demo row's GPU model: {exc}"
+        raise SimConfigError(msg) from exc
+    # The server as --server-other-w and --server-overhead 0 give it.
+    server = dataclasses.replace(server_preset(row.model), other_w=row.non_gpu_w, overhead_frac=0.0)
+    control = ControlConfig(
+        telemetry_period_s=1.0,
+        telemetry_delay_s=1.0,
+        actuation_delay_s=ACTUATION_PRESETS_S["in-band"],
+    )
+    variant = Variant(
+        name=f"{policy.name} in-band",
+        policy=policy,
+        control=control,
+        policy_file=str(policy_file),
+    )
+    plan = plan_history(
+        recorded,
+        [variant],
+        ratios=[0.0],
+        slo=Slo(),
+        gpu=gpu,
+        server=server,
+        base_servers=row.servers,
+        gpus_per_server=row.gpus_per_server,
+        budget_w=row.budget_w,
+        warmup_s=30.0,
+    )
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        report.write_json(out / "plan.json", plan)
     point: dict[str, Any] = plan["scenarios"][0]["points"][0]
     return point
 
@@ -260,6 +367,7 @@ __all__ = [
     "DemoRow",
     "Tolerances",
     "agreement",
+    "aligned_levels",
     "compare",
     "daemons_gpu",
     "observed",

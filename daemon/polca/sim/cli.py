@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from polca.exits import EX_CONFIG
+
 COMMANDS = ("simulate", "plan")
-EX_USAGE = 2
-EX_CONFIG = 78
 _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|d)?\s*", re.IGNORECASE)
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _MISSING_EXTRA = (

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from polca.errors import ConfigError, PolicyError, SimCollapsedError
+from polca.exits import EX_USAGE
 from polca.policy import Policy, load_policy
 from polca.sim import plan as plan_mod
 from polca.sim import report
@@ -28,8 +29,6 @@ from polca.sim.scenario import (
     simulate,
 )
 from polca.sim.workload import Envelope, load_trace
-
-EX_USAGE = 2
 
 
 def scenario_from_args(
@@ -219,14 +218,16 @@ def _history_plan(
     slo: plan_mod.Slo,
     err: TextIO,
 ) -> dict[str, Any]:
-    """The plan from a recorded row power history (``polca.sim.history``)."""
+    """The plan from a recorded row power history (read by ``polca.sim.power_history``,
+    planned by ``polca.sim.history``)."""
     from polca.sim import history as history_mod  # noqa: PLC0415
+    from polca.sim import power_history  # noqa: PLC0415
 
     if args.history.startswith(("http://", "https://")):
         if not args.history_row:
             msg = "--history from InfluxDB needs --history-row (the row's name)"
             raise SimConfigError(msg)
-        recorded = history_mod.load_history_influx(
+        recorded = power_history.load_history_influx(
             args.history,
             row=args.history_row,
             site=args.history_site,
@@ -234,7 +235,7 @@ def _history_plan(
             since=args.history_since,
         )
     else:
-        recorded = history_mod.load_history_csv(Path(args.history), step_s=args.history_step_s)
+        recorded = power_history.load_history_csv(Path(args.history), step_s=args.history_step_s)
     err.write(
         f"history: {recorded.source}, {recorded.duration_s / 3600:.1f} h at "
         f"{recorded.step_s:g} s, peak {recorded.power_w.max() / 1000:.1f} kW\n"

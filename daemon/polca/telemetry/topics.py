@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from polca.settings import DEFAULT_TOPIC_ROOT
+
 NodeChannel = Literal["telemetry", "status", "state", "events", "assign"]
 NODE_CHANNELS: tuple[NodeChannel, ...] = ("telemetry", "status", "state", "events", "assign")
 
@@ -58,7 +60,7 @@ class NodeAddress:
 class Topics:
     """Topic builder and parser for one topic root."""
 
-    root: str = "polca/v1"
+    root: str = DEFAULT_TOPIC_ROOT
 
     def node(self, addr: NodeAddress, channel: NodeChannel) -> str:
         """The topic of one of a node's channels."""
@@ -103,6 +105,23 @@ class Topics:
     def all_nodes(self, site: str = "+", row: str = "+", channel: str = "+") -> str:
         """A subscription filter over node channels."""
         return f"{self.root}/{site}/{row}/+/+/{channel}"
+
+    def site_of(self, topic: str) -> str | None:
+        """The site segment of a topic under this root (None for another root)."""
+        prefix = self.root + "/"
+        if not topic.startswith(prefix):
+            return None
+        return topic[len(prefix) :].split("/", 1)[0] or None
+
+    def parse_aggregator(self, topic: str) -> tuple[str, str, str] | None:
+        """``(site, instance, channel)`` of an aggregator's own topic; None if not one."""
+        prefix = self.root + "/"
+        if not topic.startswith(prefix):
+            return None
+        parts = topic[len(prefix) :].split("/")
+        if len(parts) != 4 or parts[1] != "aggregator":
+            return None
+        return parts[0], parts[2], parts[3]
 
     def parse_node(self, topic: str) -> tuple[NodeAddress, NodeChannel] | None:
         """Split a node topic into its address and channel; None if it is not one.

@@ -1,0 +1,149 @@
+"""Which connection carries what: the aggregator's MQTT connections and its etcd elector.
+
+Why a module: the broker queues messages per connection, so which topics share one is a
+decision with consequences (a node flooding its topics delays only the nodes on its
+connection), and it must be testable without a broker. The control connection carries
+control, summaries, status and events out and the owned rows' control in
+(``Intake.subscriptions``); ``intake_plan`` spreads the nodes' topics over
+``intake.connections`` connections (``nodes-N``, by ``node_shard``), keeps a
+``quarantine`` connection (empty until a node floods) and gives meters and CDUs one of
+their own (``sources``). ``quarantine`` says which connections change when the intake
+moves a node off its shared connection.
+
+Nothing here connects: ``make_buses`` and ``elector`` build the buses and the etcd
+campaign from these plans (no I/O until their ``run``), which the shell (``runtime.py``)
+runs and closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from polca.aggregator.config import AggregatorSettings
+from polca.aggregator.intake import Intake, node_shard
+from polca.coord.etcd import Elector, EtcdClient
+from polca.coord.leadership import Leadership
+from polca.telemetry.bus import Bus, BusFactory, OutMessage
+
+Subscriptions = list[tuple[str, int]]
+"""Topic filters with their QoS, as a bus subscribes them."""
+
+__all__ = [
+    "Quarantine",
+    "Subscriptions",
+    "client_id",
+    "elector",
+    "intake_plan",
+    "make_buses",
+    "quarantine",
+]
+
+
+def client_id(settings: AggregatorSettings) -> str:
+    """The control connection's MQTT client id; an intake connection's adds ``-<name>``."""
+    return settings.mqtt.client_id or f"polca-aggregator-{settings.instance}"
+
+
+def intake_plan(intake: Intake, connections: int) -> dict[str, Subscriptions]:
+    """The connections that only take messages in, by name, with their subscriptions.
+
+    ``nodes-N`` for each of ``connections`` that carries a node, ``sources`` when there
+    are meters or CDUs, and ``quarantine`` always (a node moved there later needs it).
+    """
+    shards = intake.node_subscriptions(connections)
+    shards["sources"] = intake.source_subscriptions()
+    return {name: subs for name, subs in shards.items() if subs or name == "quarantine"}
+
+
+def make_buses(
+    factory: BusFactory,
+    settings: AggregatorSettings,
+    intake: Intake,
+    *,
+    will: OutMessage,
+    birth: Callable[[], Sequence[OutMessage]],
+    clock_ns: Callable[[], int],
+    mono_ns: Callable[[], int],
+) -> tuple[Bus, dict[str, Bus]]:
+    """The control connection (its Last Will ``will``, ``birth`` on every connect) and the
+    intake connections by name (``intake_plan``), made but not connected."""
+    control_id = client_id(settings)
+    control = factory(
+        settings.mqtt,
+        client_id=control_id,
+        will=will,
+        subscriptions=intake.subscriptions(),
+        birth=birth,
+        clock_ns=clock_ns,
+        mono_ns=mono_ns,
+    )
+    plan = intake_plan(intake, settings.intake.connections)
+    buses = {
+        name: factory(
+            settings.mqtt,
+            client_id=f"{control_id}-{name}",
+            subscriptions=subscriptions,
+            clock_ns=clock_ns,
+            mono_ns=mono_ns,
+        )
+        for name, subscriptions in plan.items()
+    }
+    return control, buses
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    """A flooding node moved off its shared connection (``quarantine``)."""
+
+    row: str
+    node: str
+    shared: str
+    """The connection it shared with other nodes (for the ``node_quarantined`` event)."""
+    resubscribe: dict[str, Subscriptions]
+    """The connections whose subscriptions change, with their new ones."""
+
+
+def quarantine(intake: Intake, row: str, node: str, connections: int) -> Quarantine:
+    """Move ``node`` of ``row`` (already marked quarantined) to the quarantine connection.
+
+    Its shared connection drops its topics, so that connection's broker queue drains and
+    the other nodes' readings get through again; the quarantine connection takes them,
+    so the node's own readings still count.
+    """
+    shared = node_shard(node, connections)
+    shards = intake.node_subscriptions(connections)
+    moved = {name: shards[name] for name in (shared, "quarantine")}
+    return Quarantine(row, node, shared, moved)
+
+
+def elector(
+    settings: AggregatorSettings,
+    *,
+    leadership: Leadership,
+    on_change: Callable[[], object],
+    mono_ns: Callable[[], int],
+) -> Elector | None:
+    """The shard's campaign on etcd when ``ha`` is enabled (built, not connected)."""
+    ha = settings.ha
+    if not ha.enabled:
+        return None
+    client = EtcdClient(
+        ha.etcd_endpoints,
+        timeout_s=ha.request_timeout_s,
+        username=ha.username,
+        password=ha.secret(),
+        ca_file=ha.tls_ca_file,
+        cert_file=ha.tls_cert_file,
+        key_file=ha.tls_key_file,
+    )
+    return Elector(
+        client=client,
+        key=f"{ha.key_prefix}/{settings.site}/{settings.shard}",
+        instance=settings.instance,
+        leadership=leadership,
+        ttl_s=ha.lease_ttl_s,
+        poll_s=ha.campaign_interval_s,
+        on_change=on_change,
+        mono_ns=mono_ns,
+    )

@@ -1,0 +1,108 @@
+"""Which connection carries what: control apart, nodes spread, sources apart, quarantine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from polca.aggregator import connections
+from polca.aggregator.config import AggregatorSettings
+from polca.aggregator.core import AggregatorCore
+from polca.aggregator.intake import node_shard
+from polca.coord.leadership import Leadership
+from polca.policy import PolicyStore
+from polca.telemetry.bus import OutMessage
+from polca.telemetry.memory import MemoryBroker, MemoryBus
+
+POLICY = Path(__file__).resolve().parents[2] / "policies" / "polca-a100.yaml"
+NODES = [f"n{i}" for i in range(12)]
+
+
+def _settings(tmp_path: Path, **over: Any) -> AggregatorSettings:
+    return AggregatorSettings(
+        site="dc1",
+        instance="agg",
+        policy_file=POLICY,
+        state_dir=tmp_path,
+        rows=[
+            {
+                "name": "row1",
+                "budget_w": 10_000.0,
+                "racks": [{"name": "r1", "nodes": [{"name": n} for n in NODES]}],
+            }
+        ],
+        **over,
+    )
+
+
+def _core(settings: AggregatorSettings) -> AggregatorCore:
+    return AggregatorCore(
+        settings, policy_store=PolicyStore(POLICY), epoch_ns=1, log=structlog.get_logger()
+    )
+
+
+def test_each_node_is_on_exactly_one_node_connection_and_quarantine_is_kept(
+    tmp_path: Path,
+) -> None:
+    """Nodes spread over ``nodes-N`` by their stable shard; ``quarantine`` exists, empty;
+    the row meter's topic is on ``sources``; node topics at QoS 0."""
+    settings = _settings(tmp_path, intake={"connections": 3})
+    plan = connections.intake_plan(_core(settings).intake, 3)
+    assert plan["quarantine"] == []
+    assert set(plan) <= {"nodes-0", "nodes-1", "nodes-2", "quarantine", "sources"}
+    assert plan["sources"] == [("polca/v1/dc1/row1/meter", 0)]
+    for node in NODES:
+        carrying = [name for name, subs in plan.items() if any(f"/{node}/" in t for t, _ in subs)]
+        assert carrying == [node_shard(node, 3)]
+    assert all(qos == 0 for subs in plan.values() for _, qos in subs)
+
+
+def test_empty_node_connections_are_not_made(tmp_path: Path) -> None:
+    """More connections than nodes: only those that carry a node exist."""
+    settings = _settings(tmp_path, intake={"connections": 64})
+    plan = connections.intake_plan(_core(settings).intake, 64)
+    node_conns = {name for name in plan if name.startswith("nodes-")}
+    assert node_conns == {node_shard(n, 64) for n in NODES}
+
+
+def test_the_buses_have_their_client_ids_subscriptions_and_will(tmp_path: Path) -> None:
+    """The control connection subscribes the rows' control only and carries the Last
+    Will; each intake connection is ``<client id>-<name>``, without a will."""
+    settings = _settings(tmp_path, intake={"connections": 2})
+    core = _core(settings)
+    will = OutMessage("polca/v1/dc1/aggregator/agg/status", b"offline", qos=1, retain=True)
+    control, intake = connections.make_buses(
+        MemoryBroker().bus,
+        settings,
+        core.intake,
+        will=will,
+        birth=list,
+        clock_ns=lambda: 0,
+        mono_ns=lambda: 0,
+    )
+    assert isinstance(control, MemoryBus)
+    assert control.client_id == "polca-aggregator-agg"
+    assert control.will == will
+    assert set(control.filters) == {"polca/v1/dc1/row1/control", "polca/v1/dc1/row1/+/control"}
+    assert set(intake) == {"nodes-0", "nodes-1", "quarantine", "sources"}
+    for name, bus in intake.items():
+        assert isinstance(bus, MemoryBus)
+        assert bus.client_id == f"polca-aggregator-agg-{name}"
+        assert bus.will is None
+    named = _settings(tmp_path, mqtt={"client_id": "agg-main"})
+    assert connections.client_id(named) == "agg-main"
+
+
+def test_an_elector_only_with_etcd_endpoints(tmp_path: Path) -> None:
+    """No endpoints: no campaign (the instance is alone); with them, the shard's key."""
+    alone = _settings(tmp_path)
+    lead = Leadership()
+    assert connections.elector(alone, leadership=lead, on_change=list, mono_ns=lambda: 0) is None
+    ha = _settings(tmp_path, ha={"etcd_endpoints": ["http://127.0.0.1:2379"]})
+    elector = connections.elector(ha, leadership=lead, on_change=list, mono_ns=lambda: 0)
+    assert elector is not None
+    assert elector.key == "polca/v1/leader/dc1/row1"
+    assert elector.instance == "agg"
+    assert elector.leadership is lead
