@@ -129,12 +129,12 @@ def test_seed_from_retained_control_prevents_a_spurious_uncap(policy: Policy) ->
         trend_w_per_s=None,
     ).control
     new = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=2)
-    new.seed(retained, top_level=policy.top_level)
+    new.seed(retained, policy=policy)
     assert new.ladder.level == retained.level
     assert _step(new, policy, 70, 100) == retained.level  # low power, but the dwell restarts
     assert new.seq > retained.seq
     other_row = ScopeController(site="dc1", row="row2", rack=None, issuer="agg", epoch_ns=2)
-    other_row.seed(retained, top_level=policy.top_level)
+    other_row.seed(retained, policy=policy)
     assert other_row.ladder.level == 0
 
 
@@ -171,7 +171,7 @@ def test_retained_level_beyond_the_policy_is_clamped_when_seeding(policy: Policy
         .control.model_copy(update={"level": 9, "seq": 2**63 - 1})
     )
     new = ScopeController(site="dc1", row="row1", rack=None, issuer="agg", epoch_ns=2)
-    new.seed(retained, top_level=policy.top_level)
+    new.seed(retained, policy=policy)
     assert new.ladder.level == policy.top_level
     assert _step(new, policy, 70, 2) == policy.top_level
     assert new.seq < 2**63 - 1

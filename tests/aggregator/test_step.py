@@ -191,12 +191,12 @@ def test_a_retained_control_seeds_the_ladder_before_warm_only(
     """The level a previous run left retained holds the row while this one learns: a row
     now under every threshold starts from it, not from nominal; after warm, it is ignored."""
     rows = _rows(tmp_path, warmup_s=0.0)
-    rows.seed(_control(2, seq=40), top_level=policy.policy.top_level)
+    rows.seed(_control(2, seq=40), policy=policy.policy)
     _meter(rows, 8_600.0, T0_S + 1)  # 86%: inside T2's release band
     result = rows.step(T0_S + 1, 1, policy)
     assert result is not None
     assert result.rows[0].decision.level == 2
-    rows.seed(_control(0, seq=41), top_level=policy.policy.top_level)
+    rows.seed(_control(0, seq=41), policy=policy.policy)
     assert rows.controllers[("row1", None)].ladder.level == 2
 
 
@@ -207,7 +207,7 @@ def test_a_standby_follows_the_leaders_level_and_a_leader_stamps_its_term(
     leadership term in every control from then on."""
     rows = _rows(tmp_path, warmup_s=0.0)
     _meter(rows, 8_600.0, T0_S + 1)
-    rows.follow(_control(2, seq=7, term=3, issuer="agg-b"), top_level=policy.policy.top_level)
+    rows.follow(_control(2, seq=7, term=3, issuer="agg-b"), policy=policy.policy)
     rows.set_term(12)
     result = rows.step(T0_S + 1, 1, policy)
     assert result is not None

@@ -80,17 +80,17 @@ class ScopeController:
         """row or rack."""
         return "row" if self.rack is None else "rack"
 
-    def seed(self, retained: Control, *, top_level: int) -> None:
+    def seed(self, retained: Control, *, policy: Policy) -> None:
         """Start from the level a previous controller left in force (retained message).
 
         The level is clamped into the policy's range; the sequence continues from the
         retained one, bounded so a retained ``seq`` near the integer limit cannot make the
         next message unrepresentable.
         """
-        if self.follow(retained, top_level=top_level):
+        if self.follow(retained, policy=policy):
             self.seeded_from = self.published_level
 
-    def follow(self, leader: Control, *, top_level: int) -> bool:
+    def follow(self, leader: Control, *, policy: Policy) -> bool:
         """Take the level of another controller's message for this scope (a standby
         tracking its shard's leader, or ``seed``); whether the message is for this scope.
 
@@ -99,7 +99,7 @@ class ScopeController:
         """
         if leader.row != self.row or (leader.rack or None) != self.rack:
             return False
-        level = max(0, min(leader.level, top_level))
+        level = policy.clamp_level(leader.level)
         self.ladder = LadderState(level=level, below_since_s=None)
         self.published_level = level
         self.seq = max(self.seq, min(leader.seq, _MAX_SEEDED_SEQ))

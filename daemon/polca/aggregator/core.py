@@ -173,7 +173,7 @@ class AggregatorCore:
         if isinstance(accepted, Urgent):
             return Received(wake=True)  # the row meter crossed the next threshold
         if isinstance(accepted, RetainedControl):
-            self.rows.seed(accepted.control, top_level=self.policy.policy.top_level)
+            self.rows.seed(accepted.control, policy=self.policy.policy)
             return Received()
         if isinstance(accepted, PeerControl):
             return self._peer_control(accepted)
@@ -184,7 +184,7 @@ class AggregatorCore:
         control = peer.control
         verdict = self.leadership.peer_control(control.term, retained=peer.retained)
         if verdict == "follow":
-            self.rows.follow(control, top_level=self.policy.policy.top_level)
+            self.rows.follow(control, policy=self.policy.policy)
         return Received(deposed=control.term if verdict == "deposed" else None)
 
     def _cdu(self, cdu: CduIn) -> Received:

@@ -36,7 +36,7 @@ from polca.aggregator.controller import ScopeController, ScopeDecision
 from polca.aggregator.rollup import NodeHealth, RowRollup, RowTracker
 from polca.cooling.budgets import effective_rack_budgets, effective_row_budget_w
 from polca.cooling.supervisor import CoolingStep, CoolingSupervisor
-from polca.policy import LoadedPolicy
+from polca.policy import LoadedPolicy, Policy
 from polca.telemetry.checks import DropLog
 from polca.telemetry.schema import CduTelemetry, Control, Telemetry
 
@@ -167,14 +167,14 @@ class RowControl:
         """The aggregator started at ``now_s`` (the warm-up counts from here)."""
         self.started_s = now_s
 
-    def seed(self, control: Control, *, top_level: int) -> None:
+    def seed(self, control: Control, *, policy: Policy) -> None:
         """Start a scope from the level a previous run left retained (before warm only)."""
         if self.warm:
             return
         controller = self.controllers.get((control.row, control.rack))
         if controller is None:
             return
-        controller.seed(control, top_level=top_level)
+        controller.seed(control, policy=policy)
         self.log.info(
             "control_seeded",
             row=control.row,
@@ -184,11 +184,11 @@ class RowControl:
             seq=control.seq,
         )
 
-    def follow(self, leader: Control, *, top_level: int) -> None:
+    def follow(self, leader: Control, *, policy: Policy) -> None:
         """Track the shard leader's level for one scope (this instance a standby)."""
         controller = self.controllers.get((leader.row, leader.rack))
         if controller is not None:
-            controller.follow(leader, top_level=top_level)
+            controller.follow(leader, policy=policy)
 
     def set_term(self, term: int) -> None:
         """The leadership term every control message carries from now on."""
