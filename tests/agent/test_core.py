@@ -19,7 +19,8 @@ import pytest
 
 from polca.agent.actuator import GpuPlan
 from polca.agent.baseline import Baseline
-from polca.agent.core import LOST_RETRY_S, AgentCore
+from polca.agent.core import AgentCore
+from polca.agent.fleet import LOST_RETRY_S
 from polca.agent.messages import Health, Identity
 from polca.agent.plans import Effects, StepPlan
 from polca.agent.window import TelemetryWindow
@@ -715,8 +716,8 @@ def test_a_snapshot_does_not_follow_the_core(tmp_path: Path) -> None:
 
 
 def test_the_message_builders_and_the_gpu_shell_do_not_import_the_core() -> None:
-    """Decisions flow one way: core -> messages, plans; the shell's GPU side and the
-    builders never reach back into the core (no cycle)."""
+    """Decisions flow one way: core -> its parts, messages, plans; the parts, the shell's
+    GPU side and the builders never reach back into the core (no cycle)."""
     graph = grimp.build_graph("polca")
     assert graph.find_shortest_chain("polca.agent.core", "polca.agent.messages") is not None
     for module in (
@@ -724,5 +725,10 @@ def test_the_message_builders_and_the_gpu_shell_do_not_import_the_core() -> None
         "polca.agent.points",
         "polca.agent.plans",
         "polca.agent.gpus",
+        "polca.agent.fleet",
+        "polca.agent.step",
+        "polca.agent.ending",
+        "polca.agent.outbox",
+        "polca.agent.intake",
     ):
         assert graph.find_shortest_chain(module, "polca.agent.core") is None, module

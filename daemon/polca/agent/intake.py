@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from polca.agent.classes import ClassDwell
 from polca.agent.control import REFUSED, ControlTracker
-from polca.agent.plans import LogBook
+from polca.agent.plans import EventSink, LogBook
 from polca.errors import PolicyError, SchemaError
 from polca.gpu.backend import GpuInfo
 from polca.policy import LoadedPolicy, PolicyStore
@@ -37,13 +36,6 @@ from polca.telemetry.topics import NodeAddress, Topics
 
 REPORT_EVERY_S = 10.0
 """At most one report (event, info log) per this many seconds of a message-driven kind."""
-
-
-class EventSink(Protocol):
-    """Queues one event of the node (``AgentCore.event``: it numbers and stamps it)."""
-
-    def __call__(self, name: str, *, now_ns: int, gpu: int | None = None, **detail: Any) -> None:
-        """Queue event ``name`` stamped ``now_ns``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,15 +5,17 @@ the messages to publish (already numbered and stamped, in order), the log lines 
 the systemd status to show; the plans (``StepPlan``, ``ResumePlan``, ``StopPlan``) add the
 GPU writes the core wants made. The shell (``runtime.py``, ``gpus.py``) carries them out
 and hands what the writes did back to the core (``note_step``, ``note_resume``,
-``note_stop``), which says what follows from it. Nothing here decides, does I/O or imports
-the core.
+``note_stop``), which says what follows from it. ``LogBook`` and ``EventSink`` are how the
+core's parts (``intake.py``, ``fleet.py``, ``step.py``, ``ending.py``) log and queue events
+for those effects without holding the core. Nothing here decides, does I/O or imports the
+core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from polca.agent.actuator import ApplyResult, GpuPlan
 from polca.agent.baseline import Baseline
@@ -65,6 +67,14 @@ class LogBook:
         """Every line kept since the last ``take``, in order; the book is empty after."""
         lines, self._lines = tuple(self._lines), []
         return lines
+
+
+class EventSink(Protocol):
+    """Queues one event of the node (``AgentCore.event``: it adds the GPU's UUID;
+    ``Outbox.add_event`` numbers it)."""
+
+    def __call__(self, name: str, *, now_ns: int, gpu: int | None = None, **detail: Any) -> None:
+        """Queue event ``name`` stamped ``now_ns``."""
 
 
 @dataclass(frozen=True, slots=True)
