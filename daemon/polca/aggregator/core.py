@@ -110,7 +110,10 @@ class AggregatorCore:
         )
         self.leadership = Leadership.standby() if s.ha.enabled else Leadership()
         self.thinning = Thinning(s.influx.write_every_s)
-        self.step_failures = DropLog("control_step_failed", every_s=60.0, logger=log)
+        self._step_s = 0.0  # the time of the step running: the failure log's pace
+        self.step_failures = DropLog(
+            "control_step_failed", every_s=60.0, logger=log, clock=lambda: self._step_s
+        )
         """Control steps that raised (logged with the traceback, at most once a minute)."""
         self.crash_loop: str | None = None
         """The crash loop the exit record reported at start, if any (in the status)."""
@@ -201,6 +204,7 @@ class AggregatorCore:
         stay warm, corrected by the leader's messages). A step that raises, whatever the
         input, is undone and counted; the next starts from the last good state.
         """
+        self._step_s = now_s
         checkpoint = self.rows.checkpoint()
         try:
             result = self.rows.step(now_s, now_ns, self.policy)

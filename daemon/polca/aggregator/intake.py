@@ -138,8 +138,10 @@ class Intake:
     window: ClockWindow = _DEFAULT_WINDOW
     limits: IntakeSettings = field(default_factory=IntakeSettings)
     messages_in: int = 0
-    drops: DropLog = field(default_factory=lambda: DropLog(logger=_log))
-    skewed: DropLog = field(default_factory=lambda: DropLog("clock_skew_noted", logger=_log))
+    drops: DropLog = field(init=False)
+    skewed: DropLog = field(init=False)
+    """Drops and skewed stamps, their log lines paced on the receipt times ``handle`` is
+    given (no clock read here)."""
     implausible: Counter[str] = field(default_factory=Counter)
     """Implausible telemetry by reason (``rollup.Anomaly``), since start."""
     _meters: dict[str, str] = field(default_factory=dict)  # topic -> row
@@ -148,11 +150,14 @@ class Intake:
     # Admission, keyed by configured names only (nodes of the topology, meter and CDU
     # topics), created on first use: bounded by the configuration, never by the network.
     _buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict)
+    _now_s: float = 0.0  # the receipt time of the message being handled
     _warnings: RateGate = field(init=False)
     _to_quarantine: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._warnings = RateGate(self.limits.warn_every_s)
+        self.drops = DropLog(logger=_log, clock=self._received_s)
+        self.skewed = DropLog("clock_skew_noted", logger=_log, clock=self._received_s)
         for name, tracker in self.trackers.items():
             topic = tracker.spec.meter_topic or self.topics.meter(self.site, name)
             self._meters[topic] = name
@@ -215,6 +220,10 @@ class Intake:
         taken, self._to_quarantine = self._to_quarantine, []
         return taken
 
+    def _received_s(self) -> float:
+        """The receipt time of the message being handled (the drop logs' clock)."""
+        return self._now_s
+
     def handle(self, message: InMessage, now_s: float) -> Accepted | None:
         """Apply one message to its row, or count and drop it; what to route on. Never raises.
 
@@ -222,6 +231,7 @@ class Intake:
         is ``message.received_ns``.
         """
         self.messages_in += 1
+        self._now_s = now_s
         try:
             return self._route(message, now_s)
         except SchemaError as exc:

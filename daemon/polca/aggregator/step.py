@@ -131,7 +131,10 @@ class RowControl:
                 if rack.budget_w is not None or on_loop:
                     key = (row.name, rack.name)
                     self.controllers[key] = self._controller(row.name, rack.name, epoch_ns)
-        self.meter_log = DropLog("meter_reading_implausible", logger=self.log)
+        self._now_s = 0.0  # the time of the step running: the meter log's pace
+        self.meter_log = DropLog(
+            "meter_reading_implausible", logger=self.log, clock=lambda: self._now_s
+        )
         self.started_s: float | None = None
         self.warm = False
         self.last: StepResult | None = None
@@ -207,6 +210,7 @@ class RowControl:
 
     def step(self, now_s: float, now_ns: int, loaded: LoadedPolicy) -> StepResult | None:
         """Evaluate every owned row and rack scope once; None while warming up."""
+        self._now_s = now_s
         ctl = self.settings.control
         rollups = {
             name: tracker.rollup(
