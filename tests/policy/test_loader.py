@@ -280,3 +280,20 @@ def test_problems_are_capped(write_policy: WritePolicy) -> None:
     problems = info.value.problems
     assert len(problems) == MAX_PROBLEMS + 1
     assert problems[-1].endswith(": ... and 50 more problems")
+
+
+def test_the_policy_in_force_is_the_last_good_one_or_an_error(tmp_path: Path) -> None:
+    """``in_force`` raises until a valid file was read, then keeps it through a bad one."""
+    path = tmp_path / "policy.yaml"
+    path.write_text("not: [a policy\n", encoding="utf-8")
+    store = PolicyStore(path)
+    store.reload()
+    with pytest.raises(PolicyError, match="no valid policy loaded"):
+        _ = store.in_force
+    shipped = Path(__file__).resolve().parents[2] / "policies" / "polca-a100.yaml"
+    path.write_text(shipped.read_text(encoding="utf-8"), encoding="utf-8")
+    store.reload()
+    good = store.in_force
+    path.write_text("not: [a policy\n", encoding="utf-8")
+    store.reload()
+    assert store.in_force is good

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from polca.agent.classes import ClassDwell
 from polca.agent.control import REFUSED, ControlTracker
 from polca.agent.plans import EventSink, LogBook
-from polca.errors import PolicyError, SchemaError
+from polca.errors import SchemaError
 from polca.gpu.backend import GpuInfo
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.policy.loader import revision_of
@@ -98,12 +98,8 @@ class MessageIntake:
 
     @property
     def policy(self) -> LoadedPolicy:
-        """The policy in force (the last good one)."""
-        current = self.policy_store.current
-        if current is None:
-            msg = "no valid policy loaded"
-            raise PolicyError(msg)
-        return current
+        """The policy in force (the last good one; ``PolicyStore.in_force``)."""
+        return self.policy_store.in_force
 
     def subscriptions(self) -> list[tuple[str, int]]:
         """The topics the agent reads: its row's and rack's control, its assignment, the

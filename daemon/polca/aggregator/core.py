@@ -43,7 +43,6 @@ from polca.aggregator.intake import (
 )
 from polca.aggregator.step import RowControl, StepResult
 from polca.coord.leadership import Leadership, LeadershipChange
-from polca.errors import PolicyError
 from polca.export.points import AnyPoint, Point
 from polca.export.schedule import Thinning
 from polca.export.sink import FanOut
@@ -120,12 +119,8 @@ class AggregatorCore:
 
     @property
     def policy(self) -> LoadedPolicy:
-        """The policy in force (the last good one)."""
-        current = self.policy_store.current
-        if current is None:
-            msg = "no valid policy loaded"
-            raise PolicyError(msg)
-        return current
+        """The policy in force (the last good one; ``PolicyStore.in_force``)."""
+        return self.policy_store.in_force
 
     # ------------------------------------------------------------------ intake
 

@@ -236,6 +236,14 @@ class PolicyStore:
         """The last good policy, or None when no valid file was ever read."""
         return self._current
 
+    @property
+    def in_force(self) -> LoadedPolicy:
+        """The last good policy; ``PolicyError`` when no valid file was ever read."""
+        if self._current is None:
+            msg = "no valid policy loaded"
+            raise PolicyError(msg)
+        return self._current
+
     def reload(self) -> ReloadResult:
         """Read the file again; on failure keep the last good policy and report why."""
         try:

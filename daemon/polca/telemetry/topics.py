@@ -106,20 +106,22 @@ class Topics:
         """A subscription filter over node channels."""
         return f"{self.root}/{site}/{row}/+/+/{channel}"
 
+    def _segments(self, topic: str) -> list[str] | None:
+        """The segments of ``topic`` below this root; None for another root."""
+        prefix = self.root + "/"
+        return topic[len(prefix) :].split("/") if topic.startswith(prefix) else None
+
     def site_of(self, topic: str) -> str | None:
         """The site segment of a topic under this root (None for another root)."""
-        prefix = self.root + "/"
-        if not topic.startswith(prefix):
+        parts = self._segments(topic)
+        if parts is None or not parts[0]:
             return None
-        return topic[len(prefix) :].split("/", 1)[0] or None
+        return parts[0]
 
     def parse_aggregator(self, topic: str) -> tuple[str, str, str] | None:
         """``(site, instance, channel)`` of an aggregator's own topic; None if not one."""
-        prefix = self.root + "/"
-        if not topic.startswith(prefix):
-            return None
-        parts = topic[len(prefix) :].split("/")
-        if len(parts) != 4 or parts[1] != "aggregator":
+        parts = self._segments(topic)
+        if parts is None or len(parts) != 4 or parts[1] != "aggregator":
             return None
         return parts[0], parts[2], parts[3]
 
@@ -141,11 +143,8 @@ class Topics:
         return parsed
 
     def _parse_node(self, topic: str) -> tuple[NodeAddress, NodeChannel] | None:
-        prefix = self.root + "/"
-        if not topic.startswith(prefix):
-            return None
-        parts = topic[len(prefix) :].split("/")
-        if len(parts) != 5 or parts[4] not in NODE_CHANNELS:
+        parts = self._segments(topic)
+        if parts is None or len(parts) != 5 or parts[4] not in NODE_CHANNELS:
             return None
         try:
             addr = NodeAddress(*parts[:4])
