@@ -26,6 +26,8 @@ fi
 # shellcheck source=scripts/venv.sh
 . scripts/venv.sh
 ensure_venv '.[test]'
+# snmpsim (the SNMP agents the PDU tests read) runs as nobody from its own venv.
+bash scripts/snmpsim-env.sh
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

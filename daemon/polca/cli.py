@@ -20,10 +20,12 @@ from typing import Any, TypeVar
 import structlog
 
 from polca import __version__, aiokit, logs
+from polca.bmc import cli as bmc_cli
 from polca.cooling import cli as cooling_cli
 from polca.errors import FatalError, PolcaError, TransportAuthError
 from polca.exits import EX_CONFIG, EX_NOPERM, EX_UNAVAILABLE, exit_code
 from polca.gpu import registry
+from polca.meter import cli as meter_cli
 from polca.sim import cli as sim_cli
 
 NumberT = TypeVar("NumberT", int, float)
@@ -185,8 +187,8 @@ def _parser() -> argparse.ArgumentParser:
     csub.add_parser("show", help="print the effective settings (secrets hidden)").add_argument(
         "--config", type=Path, default=None
     )
-    cooling_cli.add_parsers(sub)
-    sim_cli.add_parsers(sub)
+    for tool in (cooling_cli, meter_cli, bmc_cli, sim_cli):
+        tool.add_parsers(sub)
     return parser
 
 
@@ -246,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(args)
     if args.command == "cdu":
         return cooling_cli.main(args)
+    if args.command == "meter":
+        return meter_cli.main(args)
+    if args.command == "bmc":
+        return bmc_cli.main(args)
     if args.command in sim_cli.COMMANDS:
         return sim_cli.main(args)
     if args.command == "aggregator":

@@ -89,6 +89,23 @@ class TransportAuthError(TransportError, FatalError):
     """The broker rejected our credentials: retrying with the same ones cannot help."""
 
 
+class ReadingRejectedError(PolcaError):
+    """A device (a PDU, a CDU, a BMC) answered, but not with a value polca can use.
+
+    ``reason`` names the drop counter: ``type`` (not a number), ``nan`` (NaN or infinite),
+    ``negative``, ``absurd`` (out of the plausible range), ``unsupported`` (every value
+    that could be used was "not supported", APC's ``-1``), ``oversized`` (a reply larger
+    than the bound), ``malformed`` (not the structure the protocol promises), ``identity``
+    (not the device configured), ``redirect`` (sent to another host), ``not_found``,
+    ``refused`` (a request the device turned down, e.g. a limit out of its range).
+    """
+
+    def __init__(self, msg: str, *, reason: str) -> None:
+        """``msg`` says what was wrong; ``reason`` is the drop counter's name."""
+        super().__init__(msg)
+        self.reason = reason
+
+
 class SchemaError(PolcaError, ValueError):
     """A received payload that polca does not accept; ``reason`` is its drop counter's name.
 

@@ -2,7 +2,8 @@
 
 Exit codes, for every command and daemon (``exit_code`` chooses them): 0 success,
 ``EX_FAILURE`` (1) an unexpected failure, ``EX_USAGE`` (2) a usage error (argparse),
-``EX_UNAVAILABLE`` (69) a one-shot command could not reach the broker, ``EX_NOPERM`` (77)
+``EX_DATAERR`` (65) a device answered a probe with nothing usable, ``EX_UNAVAILABLE``
+(69) a one-shot command could not reach the broker or device, ``EX_NOPERM`` (77)
 the broker refused its credentials, ``EX_CONFIG`` (78) a fatal configuration or privilege
 problem whose message says how to fix it (the systemd units do not restart on 78),
 ``EX_INTERRUPTED`` (130) stopped by Ctrl-C. The process that ended logs one critical line
@@ -35,7 +36,14 @@ from typing import Any, Final
 
 import structlog
 
-from polca.errors import FatalError, PolcaError, PolicyError
+from polca.errors import (
+    FatalError,
+    PolcaError,
+    PolicyError,
+    ReadingRejectedError,
+    TransportAuthError,
+    TransportError,
+)
 
 EXITS_FILE = "exits.json"
 KILLED = "killed: the previous run ended without a clean stop (SIGKILL, OOM, power loss)"
@@ -45,6 +53,7 @@ _MAX_FILE_BYTES = 64 * 1024
 
 EX_FAILURE: Final = 1
 EX_USAGE: Final = 2
+EX_DATAERR: Final = 65
 EX_UNAVAILABLE: Final = 69
 """sysexits: a service the command needs (the MQTT broker) cannot be reached."""
 EX_NOPERM: Final = 77
@@ -56,6 +65,7 @@ EX_INTERRUPTED: Final = 130
 
 __all__ = [
     "EX_CONFIG",
+    "EX_DATAERR",
     "EX_FAILURE",
     "EX_INTERRUPTED",
     "EX_NOPERM",
@@ -67,6 +77,7 @@ __all__ = [
     "describe_failure",
     "exit_code",
     "leaves",
+    "one_shot_code",
 ]
 
 
@@ -100,6 +111,24 @@ def exit_code(exc: BaseException, log: Any, *, daemon: str) -> int:
         if fatal:
             code = EX_CONFIG
     return code
+
+
+def one_shot_code(exc: BaseException) -> int:
+    """The exit code of a one-shot command (a probe) that failed with ``exc``.
+
+    Credentials refused: ``EX_NOPERM``; the device or broker unreachable:
+    ``EX_UNAVAILABLE``; it answered with nothing usable (``ReadingRejectedError``):
+    ``EX_DATAERR``; a configuration problem: ``EX_CONFIG``; anything else ``EX_FAILURE``.
+    """
+    if isinstance(exc, TransportAuthError):
+        return EX_NOPERM
+    if isinstance(exc, TransportError):
+        return EX_UNAVAILABLE
+    if isinstance(exc, ReadingRejectedError):
+        return EX_DATAERR
+    if isinstance(exc, FatalError):
+        return EX_CONFIG
+    return EX_FAILURE
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -17,13 +17,13 @@ import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from polca import aiokit
 from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 
-__all__ = ["PolicyReloader", "side_tasks", "supervise"]
+__all__ = ["PolicyReloader", "serve_source", "side_tasks", "supervise"]
 
 
 @dataclass(slots=True)
@@ -115,3 +115,31 @@ async def supervise(
             await asyncio.shield(shutdown(clean))
             for task in tasks:
                 task.cancel()
+
+
+class _Closable(Protocol):
+    async def run(self) -> None: ...
+
+    async def close(self, *, timeout_s: float = ...) -> object: ...
+
+
+async def serve_source(
+    bus: _Closable,
+    loops: Sequence[tuple[str, Coroutine[Any, Any, object]]],
+    *,
+    duration_s: float | None,
+) -> None:
+    """Run a telemetry source's bus and its guarded ``loops`` until SIGTERM/SIGINT or
+    ``duration_s``, then close the bus cleanly (``polca cdu``, ``polca meter``)."""
+    stop = asyncio.Event()
+    aiokit.install_signal_handlers(stop, asyncio.Event())
+    if duration_s is not None:
+        asyncio.get_running_loop().call_later(duration_s, stop.set)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(bus.run(), name="mqtt")  # returns after close()
+        tasks = [tg.create_task(aiokit.guard(name, coro), name=name) for name, coro in loops]
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        await bus.close(timeout_s=2.0)

@@ -399,6 +399,30 @@ def read_secret(secret_file: Path | None, credential: str) -> str | None:
     return None
 
 
+def source_overrides(
+    *,
+    broker: str | None,
+    site: str | None,
+    interval_s: float | None,
+    log_level: str | None,
+    log_format: str | None,
+) -> dict[str, Any]:
+    """The settings a telemetry source's command line overrides (``polca cdu``, ``polca
+    meter``): ``--broker host[:port]``, ``--site``, ``--interval``, ``--log-*``."""
+    over: dict[str, Any] = {}
+    if broker:
+        host, sep, port = broker.rpartition(":")
+        over["mqtt"] = {"host": host, "port": int(port)} if sep else {"host": broker}
+    if site:
+        over["site"] = site
+    if interval_s:
+        over["interval_s"] = interval_s
+    log_over = {k: v for k, v in (("level", log_level), ("format", log_format)) if v}
+    if log_over:
+        over["logging"] = log_over
+    return over
+
+
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """The node agent's settings from YAML, the environment and ``overrides``."""
     return load_settings_as(Settings, config_file, **overrides)

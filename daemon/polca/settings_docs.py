@@ -122,6 +122,8 @@ def render() -> str:
         RackSpec,
         RowSpec,
     )
+    from polca.bmc.config import BmcNode  # noqa: PLC0415
+    from polca.redfish.api import RedfishEndpoint  # noqa: PLC0415
 
     lines = [_HEADER, "\n## Node agent (`polca agent`)"]
     lines.extend(_settings_tables(Settings))
@@ -136,9 +138,54 @@ def render() -> str:
         ("rows[]", RowSpec),
         ("rows[].racks[]", RackSpec),
         ("rows[].racks[].nodes[]", NodeSpec),
+        ("bmc.nodes.<node>", BmcNode),
+        ("bmc.nodes.<node>.endpoint", RedfishEndpoint),
     ):
         lines.extend(_group_table(name, model, env=False))
+    lines.extend(_facility_tables())
     return "\n".join(lines) + "\n"
+
+
+def _facility_tables() -> list[str]:
+    """``polca meter`` and ``polca cdu``: the site's PDUs, meters and CDUs."""
+    from polca.cooling.config import CduSettings  # noqa: PLC0415
+    from polca.cooling.redfish import RedfishCduConfig  # noqa: PLC0415
+    from polca.cooling.registers import ModbusCduConfig  # noqa: PLC0415
+    from polca.meter.config import MeterRowConfig, MeterSettings  # noqa: PLC0415
+    from polca.meter.modbus import MeterPoint, ModbusMeterConfig  # noqa: PLC0415
+    from polca.meter.redfish import RedfishMeterConfig  # noqa: PLC0415
+    from polca.meter.snmp import GenericOid, SnmpSourceConfig  # noqa: PLC0415
+    from polca.redfish.api import RedfishEndpoint  # noqa: PLC0415
+
+    lines = ["\n## Row power (`polca meter run`)"]
+    lines.append(
+        "\nEach row's power is the sum of its sources, read every `interval_s` and published "
+        "on the row's meter topic (see [facility.md](facility.md) and "
+        "`deploy/meter.example.yaml`). An SNMP community, SNMPv3 keys and Redfish passwords "
+        "come from files or systemd credentials, never from the YAML file."
+    )
+    lines.extend(_settings_tables(MeterSettings))
+    groups: tuple[tuple[str, type[BaseModel]], ...] = (
+        ("rows[]", MeterRowConfig),
+        ("rows[].sources[] (protocol: snmp)", SnmpSourceConfig),
+        ("rows[].sources[].generic[]", GenericOid),
+        ("rows[].sources[] (protocol: redfish)", RedfishMeterConfig),
+        ("rows[].sources[].endpoint", RedfishEndpoint),
+        ("rows[].sources[] (protocol: modbus)", ModbusMeterConfig),
+        ("rows[].sources[].points[]", MeterPoint),
+    )
+    for name, model in groups:
+        lines.extend(_group_table(name, model, env=False))
+    lines.append("\n## CDU sources (`polca cdu modbus`, `polca cdu redfish`)")
+    lines.extend(_settings_tables(CduSettings))
+    groups = (
+        ("modbus", ModbusCduConfig),
+        ("redfish", RedfishCduConfig),
+        ("redfish.endpoint", RedfishEndpoint),
+    )
+    for name, model in groups:
+        lines.extend(_group_table(name, model, env=False))
+    return lines
 
 
 def show(config: Path | None, *, out: TextIO) -> int:

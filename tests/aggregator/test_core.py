@@ -6,6 +6,7 @@ Standby routing and thinning, deposition by a higher term, publish gating on the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -257,3 +258,82 @@ def test_the_status_carries_the_leadership_and_a_crash_loop(tmp_path: Path) -> N
     assert status.reason == core.crash_loop
     alone = _core(tmp_path / "alone")
     assert Status.model_validate_json(alone.status_message("online", now_ns=5).payload).role is None
+
+
+def _bmc_core(tmp_path: Path) -> AggregatorCore:
+    settings = AggregatorSettings(
+        site="dc1",
+        instance="agg",
+        policy_file=POLICY,
+        state_dir=tmp_path,
+        rows=[
+            {
+                "name": "row1",
+                "budget_w": 10_000.0,
+                "racks": [{"name": "r1", "nodes": [{"name": "n1"}, {"name": "n2"}]}],
+            }
+        ],
+        control={"warmup_s": 0.0, "stale_after_s": 5.0, "lease_s": 10.0},
+        bmc={
+            "agent_back_s": 0.0,
+            "nodes": {
+                "n1": {
+                    "endpoint": {"url": "http://127.0.0.1:9", "allow_http": True},
+                    "fail_safe_w": 2500.0,
+                }
+            },
+        },
+    )
+    store = PolicyStore(POLICY)
+    store.reload()
+    core = AggregatorCore(settings, policy_store=store, epoch_ns=1, log=structlog.get_logger())
+    core.rows.start(0.0)
+    return core
+
+
+def test_a_node_whose_agent_went_quiet_at_a_capping_level_is_capped_through_its_bmc(
+    tmp_path: Path,
+) -> None:
+    """n1 (with a BMC) and n2 (without) go quiet while the row's meter holds it at level
+    2: only n1 gets an out-of-band target, once, with its fail-safe limit; the outcome of
+    the write becomes an ``oob_cap`` event and an ``oob`` point with the node's counts."""
+    from polca.bmc.actuator import OobOutcome
+
+    core = _bmc_core(tmp_path)
+    for node in ("n1", "n2"):
+        _receive(core, f"r1/{node}/telemetry", _telemetry(node), now_s=1.0)
+    core.rows.trackers["row1"].ingest_meter(Meter(ts_ns=1, power_w=9_200.0), 1.0)
+    hot = core.step(1.5, now_ns=1, now_mono_ns=S)
+    assert hot is not None
+    assert hot.result.rows[0].decision.level == 2
+    assert hot.oob == []  # both agents answer
+    core.rows.trackers["row1"].ingest_meter(Meter(ts_ns=2, power_w=9_200.0), 8.0)
+    quiet = core.step(8.0, now_ns=2, now_mono_ns=8 * S)
+    assert quiet is not None
+    assert [(t.node, t.watts) for t in quiet.oob] == [("n1", 2500.0)]
+    assert "stale at level 2" in quiet.oob[0].reason
+    core.rows.trackers["row1"].ingest_meter(Meter(ts_ns=3, power_w=9_200.0), 9.0)
+    again = core.step(9.0, now_ns=3, now_mono_ns=9 * S)
+    assert again is not None
+    assert again.oob == []  # held, not asked again
+    outcome = OobOutcome(
+        node="n1",
+        action="cap",
+        target_w=2500.0,
+        limit_w=2500.0,
+        verified=True,
+        error=None,
+        reason=quiet.oob[0].reason,
+        latency_s=0.4,
+    )
+    event, point = core.oob_reported(outcome, now_ns=10)
+    assert event is not None
+    assert b'"event":"oob_cap"' in event.payload
+    assert point.measurement == "oob"
+    assert point.fields["caps"] == 1
+    assert point.fields["capped"] == 1.0
+    failed = replace(outcome, verified=False, limit_w=3000.0)
+    event, point = core.oob_reported(failed, now_ns=11)
+    assert event is not None
+    assert b'"event":"oob_cap_failed"' in event.payload
+    assert (point.fields["caps"], point.fields["failures"]) == (1, 1)

@@ -180,3 +180,28 @@ def test_crossing_the_armed_threshold_reports_once_per_arming() -> None:
     assert tracker.estimate_w == pytest.approx(1000 * 1.1 + 500 + 6_000)
     assert tracker.ingest_telemetry("n2", _telemetry("n2", 1000), now_s=0.6).urgent
     assert not tracker.ingest_telemetry("n2", _telemetry("n2", 2000), now_s=0.7).urgent
+
+
+def test_a_partial_meter_reading_is_never_the_rows_power() -> None:
+    """A row whose B feed's PDU failed falls back to its computed power at once, says why,
+    and takes the meter again at its next whole reading."""
+    tracker = RowTracker(_row(meter=True))
+    for node in ("n1", "n2", "n3"):
+        tracker.ingest_telemetry(node, _telemetry(node, 1_000), now_s=0)
+    tracker.ingest_meter(Meter(ts_ns=1, power_w=9_000.0), now_s=0)
+    assert tracker.rollup(0.5, stale_after_s=STALE_S).power_source == "meter"
+    half = Meter(ts_ns=2, power_w=4_500.0, sources=1, partial=True, missing={"pdu-b": "timeout"})
+    tracker.arm(1_000.0)
+    assert tracker.ingest_meter(half, now_s=1) is False  # a partial reading never escalates
+    rollup = tracker.rollup(1.2, stale_after_s=STALE_S)
+    assert rollup.power_source == "computed"
+    assert rollup.power_w == rollup.computed_power_w
+    assert rollup.meter_partial == "pdu-b: timeout"
+    assert tracker.meter_partial == 1
+    later = tracker.rollup(5.0, stale_after_s=STALE_S)  # the partial reading is old now
+    assert later.meter_partial is None
+    tracker.ingest_meter(Meter(ts_ns=3, power_w=9_100.0, sources=2), now_s=6)
+    whole = tracker.rollup(6.5, stale_after_s=STALE_S)
+    assert whole.power_source == "meter"
+    assert whole.power_w == 9_100.0
+    assert whole.meter_partial is None

@@ -16,6 +16,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from polca.bmc.config import BmcSettings
 from polca.cooling.loops import CoolingSettings
 from polca.settings import DEFAULT_TOPIC_ROOT, InfluxSettings, ProcessSettings, read_secret
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES, MAX_ROW_NODES, MAX_ROW_RACKS
@@ -367,6 +368,11 @@ class AggregatorSettings(ProcessSettings):
         default_factory=HaSettings,
         description="High availability: a leader per shard elected on etcd.",
     )
+    bmc: BmcSettings = Field(
+        default_factory=BmcSettings,
+        description="Out-of-band caps through the nodes' BMCs (Redfish), for nodes whose "
+        "agent cannot cap them.",
+    )
 
     @property
     def shard(self) -> str:
@@ -400,6 +406,10 @@ class AggregatorSettings(ProcessSettings):
                     raise ValueError(msg)
                 seen[node.name] = where
         self.cooling.check_racks({row.name: [rack.name for rack in row.racks] for row in self.rows})
+        unknown = sorted(set(self.bmc.nodes) - set(seen))
+        if unknown:
+            msg = f"bmc.nodes {unknown[:8]} are not nodes of the rows: check their names"
+            raise ValueError(msg)
         if self.ha.enabled and self.ha.lease_ttl_s * 2 > self.control.lease_s:
             msg = (
                 f"ha.lease_ttl_s ({self.ha.lease_ttl_s:g} s) must be at most half of "

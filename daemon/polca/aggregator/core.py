@@ -25,7 +25,7 @@ alone, or leading within its lease, publishes. Time is passed in: ``received_s``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from polca.aggregator import connections, messages, points
@@ -42,6 +42,8 @@ from polca.aggregator.intake import (
     Urgent,
 )
 from polca.aggregator.step import RowControl, StepResult
+from polca.bmc.actuator import OobOutcome
+from polca.bmc.plan import NodeState, OobPlanner, OobTarget
 from polca.coord.leadership import Leadership, LeadershipChange
 from polca.export.points import AnyPoint, Point
 from polca.export.schedule import Thinning
@@ -77,6 +79,8 @@ class Stepped:
     """To publish, in order (none unless this instance may publish)."""
     changed: list[ScopeDecision]
     """Scopes whose level changed, to audit (none unless this instance may publish)."""
+    oob: list[OobTarget] = field(default_factory=list)
+    """Nodes to cap or release through their BMC (``bmc/plan.py``; only when publishing)."""
 
 
 class AggregatorCore:
@@ -116,6 +120,10 @@ class AggregatorCore:
         """Control steps that raised (logged with the traceback, at most once a minute)."""
         self.crash_loop: str | None = None
         """The crash loop the exit record reported at start, if any (in the status)."""
+        self.oob = OobPlanner(cap_from_level=s.bmc.cap_from_level, agent_back_s=s.bmc.agent_back_s)
+        """Which nodes are capped through their BMC (only nodes listed in ``bmc.nodes``)."""
+        self.oob_counts: dict[str, dict[str, int]] = {}
+        """Out-of-band writes by node (configured nodes only): caps, releases, failures."""
 
     @property
     def policy(self) -> LoadedPolicy:
@@ -212,11 +220,37 @@ class AggregatorCore:
                 messages.step_messages(self.topics, site=s.site, issuer=s.instance, result=result)
             )
             changed = [d for _scope, d in result.decisions() if d.changed]
+            oob = self.oob.plan(self._bmc_nodes(result), now_s) if s.bmc.nodes else []
         except Exception as exc:  # no input may stop the control loop
             self.rows.restore(checkpoint)
             self.step_failures.drop(type(exc).__name__, exc=exc, topic="", detail=repr(exc))
             return None
-        return Stepped(result, out, changed)
+        return Stepped(result, out, changed, oob)
+
+    def _bmc_nodes(self, result: StepResult) -> list[NodeState]:
+        """The nodes with a BMC as this step saw them, each with its scope's level."""
+        bmc = self.settings.bmc.nodes
+        top_level = self.policy.policy.top_level
+        states: list[NodeState] = []
+        for row in result.rows:
+            for node in row.nodes:
+                config = bmc.get(node.node)
+                if config is None:
+                    continue
+                rack = row.rack_decisions.get(node.rack)
+                level = max(row.decision.level, rack.level if rack is not None else 0)
+                states.append(
+                    NodeState(
+                        node=node.node,
+                        health=node.health,
+                        fail_safe=node.telemetry is not None and node.telemetry.fail_safe,
+                        level=level,
+                        top_level=top_level,
+                        fail_safe_w=config.fail_safe_w,
+                        brake_w=config.brake_limit_w,
+                    )
+                )
+        return states
 
     def step_points(self, result: StepResult, *, sinks: FanOut, now_s: float) -> list[Point] | None:
         """The points a step writes now: its rows' (not a standby's) and the aggregator's
@@ -250,6 +284,35 @@ class AggregatorCore:
         if change.lead_term is not None:
             self.rows.set_term(change.lead_term)
         return change
+
+    def oob_reported(self, outcome: OobOutcome, *, now_ns: int) -> tuple[OutMessage | None, Point]:
+        """One out-of-band write ended: the event to publish and the point to write (with
+        the node's running counts: verified caps, verified releases, failed writes)."""
+        counts = self.oob_counts.setdefault(outcome.node, {})
+        key = (
+            "failures"
+            if outcome.error is not None or not outcome.verified
+            else "caps"
+            if outcome.action == "cap"
+            else "releases"
+        )
+        counts[key] = counts.get(key, 0) + 1
+        name = f"oob_{outcome.action}" + ("" if key != "failures" else "_failed")
+        detail = {
+            "target_node": outcome.node,
+            "reason": outcome.reason,
+            "target_w": outcome.target_w,
+            "limit_w": outcome.limit_w,
+            "verified": outcome.verified,
+            "error": outcome.error,
+            "latency_s": outcome.latency_s,
+        }
+        event = self.event(name, detail, now_ns=now_ns)
+        capped = outcome.node in self.oob.capped
+        point = points.oob_point(
+            outcome, ts_ns=now_ns, site=self.settings.site, capped=capped, counts=counts
+        )
+        return event, point
 
     def leader_point(self, change: LeadershipChange, *, now_ns: int) -> Point:
         """The ``leadership`` point of an audited change (a dashboard annotation)."""

@@ -15,6 +15,7 @@ import structlog
 from pydantic import ValidationError
 
 from polca import __version__
+from polca.aggregator.rollup import RowRollup
 from polca.aggregator.step import RowResult, Scope, StepResult
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.supervisor import LoopAssessment
@@ -104,6 +105,15 @@ def loop_state(
     return OutMessage(topics.loop_state(site, name), encode(message), qos=1, retain=True)
 
 
+def _power_note(rollup: RowRollup) -> str:
+    """Why the row runs on its computed power although its meter reported, if it did."""
+    if rollup.meter_partial is not None:
+        return f"meter reading partial ({rollup.meter_partial})"
+    if rollup.meter_rejected_w is not None:
+        return f"meter reading {rollup.meter_rejected_w:.0f} W below the nodes' GPU power"
+    return ""
+
+
 def summary(topics: Topics, *, site: str, issuer: str, row: RowResult, now_ns: int) -> OutMessage:
     """The row as the aggregator sees it, for ``polca status`` (retained)."""
     rollup, decision, budgets = row.rollup, row.decision, row.budgets
@@ -113,6 +123,7 @@ def summary(topics: Topics, *, site: str, issuer: str, row: RowResult, now_ns: i
         issuer=issuer,
         power_w=rollup.power_w,
         power_source=rollup.power_source,
+        power_note=_power_note(rollup)[:512],
         budget_w=rollup.budget_w,
         effective_budget_w=budgets.row_w,
         level=decision.level,

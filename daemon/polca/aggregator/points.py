@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+from polca.bmc.actuator import OobOutcome
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import severity_rank
 from polca.cooling.supervisor import LoopAssessment
@@ -199,6 +200,31 @@ def leader_point(
             "leader_term": leader_term,
             "leading": 1.0 if role == "leader" else 0.0,
             "leader": leader,
+        },
+    )
+
+
+def oob_point(
+    outcome: OobOutcome, *, ts_ns: int, site: str, capped: bool, counts: Mapping[str, int]
+) -> Point:
+    """An ``oob`` point: one out-of-band write through a node's BMC, as it ended, with the
+    node's running counts of verified caps, verified releases and failed writes."""
+    return make_point(
+        "oob",
+        ts_ns=ts_ns,
+        tags={"site": site, "node": outcome.node},
+        fields={
+            "action": outcome.action,
+            "reason": outcome.reason,
+            "error": outcome.error,
+            "target_w": outcome.target_w,
+            "limit_w": outcome.limit_w,
+            "verified": 1.0 if outcome.verified else 0.0,
+            "capped": 1.0 if capped else 0.0,
+            "latency_s": outcome.latency_s,
+            "caps": counts.get("caps", 0),
+            "releases": counts.get("releases", 0),
+            "failures": counts.get("failures", 0),
         },
     )
 

@@ -23,8 +23,11 @@ bound holds an offline or stale node's last claim. A fresh meter reading (``mete
 replaces the computed row power, unless it is implausible: below ``meter_min_fraction`` of
 the GPU power the row's fresh nodes report (a meter cannot read less than the GPUs it
 feeds draw), the reading is not trusted to uncap the row; the computed power is used and
-the reading counted (``meter_rejected``). Otherwise the sum of the nodes is used. The row
-power history feeds a least-squares trend (W/s) for the controller's brake-on-trend rule.
+the reading counted (``meter_rejected``). A partial meter reading (one of the row's
+sources failed, ``polca meter``) is never used: the computed power is, and
+``RowRollup.meter_partial`` says which sources failed. Otherwise the sum of the nodes is
+used. The row power history feeds a least-squares trend (W/s) for the controller's
+brake-on-trend rule.
 """
 
 from __future__ import annotations
@@ -227,6 +230,7 @@ class RowRollup:
     gpu_temp_max_c: float | None
     energy_j: float  # GPU energy reported since the aggregator started
     meter_rejected_w: float | None = None  # an implausible meter reading, not used
+    meter_partial: str | None = None  # a fresh partial meter reading, not used: why
 
     @property
     def all_reported(self) -> bool:
@@ -245,6 +249,8 @@ class RowTracker:
     meter_w: float | None = None
     meter_received_s: float | None = None
     meter_rejected: int = 0  # implausible meter readings, not trusted
+    meter_missing: str | None = None  # the last reading was partial: its failed sources
+    meter_partial: int = 0  # partial meter readings received, never used as row power
     _meter_rejected_at_s: float | None = None
     energy_j: float = 0.0
     history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
@@ -319,9 +325,20 @@ class RowTracker:
         self.nodes[node].status = status.state
 
     def ingest_meter(self, meter: Meter, now_s: float) -> bool:
-        """Record a meter reading of the whole row; True: it crossed (``arm``)."""
-        self.meter_w = meter.power_w
+        """Record a meter reading of the whole row; True: it crossed (``arm``).
+
+        A partial reading (a source failed) is not the row's power: it replaces the last
+        reading with none, so the row falls back to its computed power at once, and
+        ``meter_missing`` says why until a whole reading comes.
+        """
         self.meter_received_s = now_s
+        if meter.partial:
+            self.meter_w = None
+            self.meter_partial += 1
+            self.meter_missing = ", ".join(f"{k}: {v}" for k, v in sorted(meter.missing.items()))
+            return False
+        self.meter_w = meter.power_w
+        self.meter_missing = None
         return self._crossed(meter.power_w)
 
     def rollup(
@@ -402,6 +419,12 @@ class RowTracker:
             gpu_temp_max_c=max(temps) if temps else None,
             energy_j=self.energy_j,
             meter_rejected_w=rejected,
+            meter_partial=(
+                self.meter_missing
+                if self.meter_received_s is not None
+                and now_s - self.meter_received_s <= self.spec.meter_max_age_s
+                else None
+            ),
         )
 
     def trend_w_per_s(self, now_s: float, window_s: float) -> float | None:

@@ -28,6 +28,7 @@ from polca.aggregator import connections
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.core import AggregatorCore
 from polca.aggregator.step import StepResult
+from polca.bmc.actuator import BmcActuator, Connector, OobOutcome
 from polca.coord.etcd import Elector
 from polca.errors import PolicyError
 from polca.exits import ExitRecord
@@ -51,6 +52,7 @@ class Aggregator:
         clock_ns: Callable[[], int] = time.time_ns,
         mono_ns: Callable[[], int] = time.monotonic_ns,
         bus_factory: BusFactory = MqttBus,
+        bmc_connector: Connector | None = None,
     ) -> None:
         self.settings = settings
         self.sinks = FanOut(sinks)
@@ -85,6 +87,11 @@ class Aggregator:
             ),
             on_changed=self._policy_changed,
         )
+        self.bmc: BmcActuator | None = None
+        if settings.bmc.nodes:  # out-of-band caps: off without BMCs
+            self.bmc = BmcActuator(
+                settings.bmc, on_outcome=self._oob_outcome, connector=bmc_connector
+            )
 
     @property
     def policy(self) -> LoadedPolicy:
@@ -153,10 +160,12 @@ class Aggregator:
             conns[f"mqtt-{name}"] = bus.run()
         if self.elector is not None:
             conns["etcd"] = self.elector.run()
+        extra: dict[str, _Task] = {"bmc": self.bmc.run()} if self.bmc is not None else {}
         await service.supervise(
             connections=conns,
             loops={
                 "control": self._control_loop(),
+                **extra,
                 **service.side_tasks(
                     policy_file=self.settings.policy_file,
                     debounce_s=0.2,
@@ -180,6 +189,8 @@ class Aggregator:
         then apply their fail-safe caps (a restarted aggregator takes over from them).
         """
         self.notifier.stopping()
+        if self.bmc is not None:  # caps in force stay: a restarted leader takes over
+            await self._bounded(self.bmc.close(), 2.0, "bmc_sessions_not_closed")
         if self.elector is not None:
             # A standby leads at its next campaign.
             await self._bounded(self.elector.resign(), 2.0, "leadership_not_resigned")
@@ -276,6 +287,15 @@ class Aggregator:
             return None
         for message in stepped.messages:
             self._publish(message)
+        if self.bmc is not None:
+            for target in stepped.oob:
+                self.log.warning(
+                    "oob_cap_wanted" if target.watts is not None else "oob_release_wanted",
+                    node=target.node,
+                    watts=target.watts,
+                    reason=target.reason,
+                )
+                self.bmc.want(target)
         for decision in stepped.changed:
             self.log.info("level_changed", **decision.audit)
             self._event("level_changed", **decision.audit)
@@ -285,6 +305,26 @@ class Aggregator:
             if batch is not None:
                 self.sinks.write(batch)
         return stepped.result
+
+    def _oob_outcome(self, outcome: OobOutcome) -> None:
+        """One out-of-band write ended: log it, publish the event, write the point."""
+        ok = outcome.error is None and outcome.verified
+        how = "applied" if ok else "failed"
+        emit = self.log.warning if outcome.action == "cap" or not ok else self.log.info
+        emit(
+            f"oob_{outcome.action}_{how}",
+            node=outcome.node,
+            target_w=outcome.target_w,
+            limit_w=outcome.limit_w,
+            verified=outcome.verified,
+            error=outcome.error,
+            reason=outcome.reason,
+            latency_s=outcome.latency_s,
+        )
+        event, point = self.core.oob_reported(outcome, now_ns=self.clock_ns())
+        self._publish(event)
+        if self.sinks:
+            self.sinks.write([point])
 
     # ------------------------------------------------------------------ policy
 

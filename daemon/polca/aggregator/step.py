@@ -132,9 +132,7 @@ class RowControl:
                     key = (row.name, rack.name)
                     self.controllers[key] = self._controller(row.name, rack.name, epoch_ns)
         self._now_s = 0.0  # the time of the step running: the meter log's pace
-        self.meter_log = DropLog(
-            "meter_reading_implausible", logger=self.log, clock=lambda: self._now_s
-        )
+        self.meter_log = DropLog("meter_reading_unused", logger=self.log, clock=lambda: self._now_s)
         self.started_s: float | None = None
         self.warm = False
         self.last: StepResult | None = None
@@ -219,6 +217,13 @@ class RowControl:
             for name, tracker in self.trackers.items()
         }
         for rollup in rollups.values():
+            if rollup.meter_partial is not None:
+                self.meter_log.drop(
+                    "partial",
+                    topic=rollup.row,
+                    detail=f"sources failed ({rollup.meter_partial}); computed "
+                    f"{rollup.computed_power_w:.0f} W is used",
+                )
             if rollup.meter_rejected_w is not None:
                 self.meter_log.drop(
                     "below_node_telemetry",

@@ -5,6 +5,8 @@
   serves (``--rack ROW/RACK``); ``--fault KIND@START[:END]`` scripts incidents.
 - ``polca cdu modbus --config FILE``: poll a real CDU over Modbus TCP with a register map
   and publish its telemetry; ``--once`` prints one reading and exits (commissioning).
+- ``polca cdu redfish --config FILE``: the same for a CDU with a Redfish service
+  (``CoolingUnit``); same options, same exit codes.
 
 ``polca.cli`` wires these in with ``add_parsers(sub)`` and ``main(args)``. Exit codes as
 the rest of polca (``polca.exits``): 0, 1 on a failure, 78 for a configuration problem.
@@ -26,14 +28,16 @@ from polca.exits import EX_CONFIG, EX_FAILURE, exit_code
 if TYPE_CHECKING:
     from polca.cooling.config import CduSettings
     from polca.cooling.plant import SimulatedCdu
-    from polca.telemetry.bus import MqttBus
+    from polca.cooling.publisher import CduPoller
 
 __all__ = ["add_parsers", "main"]
 
 
 def add_parsers(subparsers: Any) -> None:
-    """Add ``cdu simulate`` and ``cdu modbus`` to the ``polca`` sub-command parsers."""
-    cdu = subparsers.add_parser("cdu", help="CDU telemetry sources: simulated plant, Modbus")
+    """Add ``cdu simulate``, ``cdu modbus`` and ``cdu redfish`` to the sub-command parsers."""
+    cdu = subparsers.add_parser(
+        "cdu", help="CDU telemetry sources: simulated plant, Modbus, Redfish"
+    )
     csub = cdu.add_subparsers(dest="cdu_command", required=True)
 
     sim = csub.add_parser("simulate", help="publish the telemetry of a simulated CDU")
@@ -72,6 +76,12 @@ def add_parsers(subparsers: Any) -> None:
         "--once", action="store_true", help="print one reading as JSON and exit (no MQTT)"
     )
 
+    rf = csub.add_parser("redfish", help="poll a CDU over Redfish and publish its telemetry")
+    _common(rf)
+    rf.add_argument(
+        "--once", action="store_true", help="print one reading as JSON and exit (no MQTT)"
+    )
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None, help="YAML settings file")
@@ -96,6 +106,12 @@ def main(args: argparse.Namespace) -> int:
         if args.cdu_command == "modbus" and settings.modbus is None:
             msg = "polca cdu modbus needs a 'modbus:' section (the CDU and its map) in --config"
             raise ConfigError(msg)
+        if args.cdu_command == "redfish" and settings.redfish is None:
+            msg = (
+                "polca cdu redfish needs a 'redfish:' section (the CDU and its endpoint) "
+                "in --config"
+            )
+            raise ConfigError(msg)
     except FatalError as exc:
         logs.configure(stream=sys.stderr)
         structlog.get_logger().error("config_invalid", error=str(exc))
@@ -108,9 +124,9 @@ def main(args: argparse.Namespace) -> int:
         if args.cdu_command == "simulate":
             asyncio.run(_simulate(args, settings))
         elif args.once:
-            return asyncio.run(_poll_once(settings))
+            return asyncio.run(_poll_once(settings, args.cdu_command))
         else:
-            asyncio.run(_modbus(args, settings))
+            asyncio.run(_poll(args, settings))
     except (Exception, KeyboardInterrupt) as exc:
         return exit_code(exc, log, daemon="cdu")
     return 0
@@ -118,19 +134,15 @@ def main(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace) -> CduSettings:
     from polca.cooling.config import CduSettings  # noqa: PLC0415
-    from polca.settings import load_settings_as  # noqa: PLC0415
+    from polca.settings import load_settings_as, source_overrides  # noqa: PLC0415
 
-    over: dict[str, Any] = {}
-    if args.broker:
-        host, sep, port = args.broker.rpartition(":")
-        over["mqtt"] = {"host": host, "port": int(port)} if sep else {"host": args.broker}
-    if args.site:
-        over["site"] = args.site
-    if args.interval:
-        over["interval_s"] = args.interval
-    log_over = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
-    if log_over:
-        over["logging"] = log_over
+    over = source_overrides(
+        broker=args.broker,
+        site=args.site,
+        interval_s=args.interval,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
     return load_settings_as(CduSettings, args.config, **over)
 
 
@@ -142,6 +154,7 @@ async def _simulate(args: argparse.Namespace, settings: CduSettings) -> None:
         track_rack_power,
     )
     from polca.cooling.ratings import CduRatings  # noqa: PLC0415
+    from polca.service import serve_source  # noqa: PLC0415
     from polca.telemetry.bus import MqttBus  # noqa: PLC0415
     from polca.telemetry.topics import Topics  # noqa: PLC0415
 
@@ -183,7 +196,7 @@ async def _simulate(args: argparse.Namespace, settings: CduSettings) -> None:
         loops.append(("rack-power", track_rack_power(bus, tracker)))
     if args.fault:
         loops.append(("cdu-faults", _fault_script(plant, args.fault)))
-    await _serve(bus, loops, duration_s=args.duration)
+    await serve_source(bus, loops, duration_s=args.duration)
 
 
 async def _fault_script(plant: SimulatedCdu, events: list[FaultEvent]) -> None:
@@ -209,17 +222,28 @@ async def _fault_script(plant: SimulatedCdu, events: list[FaultEvent]) -> None:
     await asyncio.Event().wait()  # eternal, like the other loops
 
 
-async def _modbus(args: argparse.Namespace, settings: CduSettings) -> None:
+def _poller(settings: CduSettings, protocol: str) -> CduPoller:
+    """The poller of ``polca cdu modbus`` or ``polca cdu redfish`` (checked in main())."""
+    if protocol == "redfish":
+        from polca.cooling.redfish import RedfishCduPoller  # noqa: PLC0415
+
+        assert settings.redfish is not None  # noqa: S101 - checked in main()
+        return RedfishCduPoller(settings.redfish)
     from polca.cooling.modbus import ModbusCduPoller  # noqa: PLC0415 - imports pymodbus
+
+    assert settings.modbus is not None  # noqa: S101 - checked in main()
+    return ModbusCduPoller(settings.modbus)
+
+
+async def _poll(args: argparse.Namespace, settings: CduSettings) -> None:
     from polca.cooling.publisher import run_poller  # noqa: PLC0415
+    from polca.service import serve_source  # noqa: PLC0415
     from polca.telemetry.bus import MqttBus  # noqa: PLC0415
     from polca.telemetry.topics import Topics  # noqa: PLC0415
 
-    assert settings.modbus is not None  # noqa: S101 - checked in main()
-    poller = ModbusCduPoller(settings.modbus)
-    bus = MqttBus(
-        settings.mqtt, client_id=settings.mqtt.client_id or f"polca-cdu-{settings.modbus.cdu}"
-    )
+    poller = _poller(settings, args.cdu_command)
+    cdu = poller.config.cdu
+    bus = MqttBus(settings.mqtt, client_id=settings.mqtt.client_id or f"polca-cdu-{cdu}")
     loop = run_poller(
         bus,
         poller,
@@ -227,44 +251,20 @@ async def _modbus(args: argparse.Namespace, settings: CduSettings) -> None:
         interval_s=settings.interval_s,
         topics=Topics(settings.topic_root),
     )
-    await _serve(bus, [("cdu-modbus", loop)], duration_s=args.duration)
+    await serve_source(bus, [(f"cdu-{args.cdu_command}", loop)], duration_s=args.duration)
 
 
-async def _poll_once(settings: CduSettings) -> int:
-    from polca.cooling.modbus import ModbusCduPoller  # noqa: PLC0415 - imports pymodbus
+async def _poll_once(settings: CduSettings, protocol: str = "modbus") -> int:
+    from polca.cooling.publisher import close_poller  # noqa: PLC0415
     from polca.errors import FatalError, PolcaError  # noqa: PLC0415
 
-    assert settings.modbus is not None  # noqa: S101 - checked in main()
-    poller = ModbusCduPoller(settings.modbus)
+    poller = _poller(settings, protocol)
     try:
         telemetry = await poller.poll()
     except PolcaError as exc:
         sys.stderr.write(f"{exc}\n")
         return EX_CONFIG if isinstance(exc, FatalError) else EX_FAILURE
     finally:
-        poller.close()
+        await close_poller(poller)
     sys.stdout.write(telemetry.model_dump_json(indent=2) + "\n")
     return 0
-
-
-async def _serve(
-    bus: MqttBus,
-    loops: list[tuple[str, Coroutine[Any, Any, object]]],
-    *,
-    duration_s: float | None,
-) -> None:
-    """Run the bus and ``loops`` until SIGTERM/SIGINT or ``duration_s``; close cleanly."""
-    from polca import aiokit  # noqa: PLC0415
-
-    stop = asyncio.Event()
-    aiokit.install_signal_handlers(stop, asyncio.Event())
-    if duration_s is not None:
-        asyncio.get_running_loop().call_later(duration_s, stop.set)
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(bus.run(), name="mqtt")  # returns after close()
-        tasks = [tg.create_task(aiokit.guard(name, coro), name=name) for name, coro in loops]
-        await stop.wait()
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
-        await bus.close(timeout_s=2.0)

@@ -1,4 +1,5 @@
-"""Settings of a ``polca cdu`` process: MQTT, logging, site, period, and the Modbus CDU.
+"""Settings of a ``polca cdu`` process: MQTT, logging, site, period, and the CDU polled
+(over Modbus TCP or Redfish).
 
 Read like every polca process's settings (``polca.settings.load_settings_as``): the YAML
 file named by ``--config``, ``POLCA_*`` environment variables, secrets from files or
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from polca.cooling.redfish import RedfishCduConfig
 from polca.cooling.registers import ModbusCduConfig
 from polca.settings import DEFAULT_TOPIC_ROOT, ProcessSettings
 
@@ -25,4 +27,7 @@ class CduSettings(ProcessSettings):
     interval_s: float = Field(1.0, gt=0, le=3600, description="Publish (and poll) period.")
     modbus: ModbusCduConfig | None = Field(
         None, description="The CDU and its register map (polca cdu modbus)."
+    )
+    redfish: RedfishCduConfig | None = Field(
+        None, description="The CDU and its Redfish service (polca cdu redfish)."
     )

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -43,7 +43,7 @@ from pymodbus.client import AsyncModbusTcpClient
 from pymodbus.exceptions import ModbusException
 from pymodbus.pdu import ExceptionResponse
 
-from polca import aiokit
+from polca.cooling.outage import Outage
 from polca.cooling.registers import (
     DecodeProblem,
     ModbusCduConfig,
@@ -60,7 +60,13 @@ if TYPE_CHECKING:
 
     from polca.telemetry.schema import CduTelemetry
 
-__all__ = ["ClientFactory", "ModbusCduPoller", "PymodbusClient", "RegisterClient"]
+__all__ = [
+    "ClientFactory",
+    "ModbusCduPoller",
+    "ModbusDevice",
+    "PymodbusClient",
+    "RegisterClient",
+]
 
 # Modbus exception codes meaning "your request does not fit me": illegal function, data
 # address, data value. Retrying the same map cannot help.
@@ -87,10 +93,34 @@ class RegisterClient(Protocol):
 ClientFactory = Callable[[ModbusCduConfig], RegisterClient]
 
 
+class ModbusDevice(Protocol):
+    """Where a Modbus TCP device is (a CDU's map, a meter's): what a client needs."""
+
+    @property
+    def host(self) -> str:
+        """The device's (or gateway's) address."""
+        ...
+
+    @property
+    def port(self) -> int:
+        """Its Modbus TCP port."""
+        ...
+
+    @property
+    def device_id(self) -> int:
+        """The Modbus unit / device id."""
+        ...
+
+    @property
+    def timeout_s(self) -> float:
+        """Bound on connect and each read."""
+        ...
+
+
 class PymodbusClient:
     """``RegisterClient`` over pymodbus' ``AsyncModbusTcpClient``, with its retries off."""
 
-    def __init__(self, config: ModbusCduConfig) -> None:
+    def __init__(self, config: ModbusDevice) -> None:
         """Prepare a client for ``config``'s device (no I/O)."""
         self._config = config
         self._where = f"{config.host}:{config.port}"
@@ -101,7 +131,7 @@ class PymodbusClient:
             timeout=config.timeout_s,
             retries=0,
             reconnect_delay=0,
-            name=f"polca-{config.cdu}",
+            name=f"polca-{config.host}:{config.port}",
         )
 
     async def connect(self) -> None:
@@ -181,10 +211,13 @@ class ModbusCduPoller:
             logger if logger is not None else structlog.get_logger(__name__)
         ).bind(cdu=config.cdu, host=config.host, port=config.port)
         self._client: RegisterClient | None = None
-        self._backoff: Iterator[float] = self._new_backoff()
-        self._retry_at = 0.0  # loop time before which no connection is attempted
-        self._outage_since: float | None = None  # loop time of the first failure
-        self._failed_polls = 0
+        self._outage = Outage(
+            prefix="modbus",
+            log=self._log,
+            min_s=config.reconnect_min_s,
+            max_s=config.reconnect_max_s,
+            rng=rng,
+        )
         self._invalid: set[str] = set()  # fields whose last value could not be decoded
         self.polls = 0
         """Successful polls."""
@@ -205,7 +238,7 @@ class ModbusCduPoller:
     @property
     def in_outage(self) -> bool:
         """Whether the last poll failed."""
-        return self._outage_since is not None
+        return self._outage.since is not None
 
     async def poll(self) -> CduTelemetry:
         """Read every register of the map once; the CDU's telemetry.
@@ -217,10 +250,10 @@ class ModbusCduPoller:
         timeout_s = self.config.timeout_s
         client = self._client
         if client is None:
-            wait_s = self._retry_at - loop.time()
+            wait_s = self._outage.wait_s(loop.time())
             if wait_s > 0:
                 self.failures += 1
-                self._failed_polls += 1
+                self._outage.skipped()
                 msg = (
                     f"Modbus device {self.config.host}:{self.config.port} unreachable; "
                     f"next attempt in {wait_s:.1f} s"
@@ -257,7 +290,7 @@ class ModbusCduPoller:
             self._drop_client()
             raise
         self._note_problems(values)
-        self._recovered(loop.time())
+        self._outage.recovered(loop.time())
         self.polls += 1
         return assemble(self.config, values, ts_ns=self._time_ns())
 
@@ -288,11 +321,6 @@ class ModbusCduPoller:
             msg = f"{where} {problem}"
             raise TransportError(msg)
 
-    def _new_backoff(self) -> Iterator[float]:
-        return aiokit.backoff_delays(
-            self.config.reconnect_min_s, self.config.reconnect_max_s, rng=self._rng
-        )
-
     def _drop_client(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -300,31 +328,11 @@ class ModbusCduPoller:
 
     def _failure(self, exc: BaseException, now: float) -> TransportError:
         """Count a failed poll, schedule the next attempt, log once per outage."""
-        delay_s = next(self._backoff)
-        self._retry_at = now + delay_s
         self.failures += 1
-        self._failed_polls += 1
         error = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else type(exc).__name__)
-        if self._outage_since is None:
-            self._outage_since = now
-            self._log.warning("modbus_unreachable", error=error, retry_in_s=round(delay_s, 3))
-        else:
-            self._log.debug("modbus_poll_failed", error=error, retry_in_s=round(delay_s, 3))
+        delay_s = self._outage.failed(error, now)
         msg = f"Modbus CDU {self.config.cdu} at {self.config.host}:{self.config.port}: {error}"
         return TransportError(msg, delay_s=delay_s)
-
-    def _recovered(self, now: float) -> None:
-        if self._outage_since is None:
-            return
-        self._log.info(
-            "modbus_recovered",
-            outage_s=round(now - self._outage_since, 3),
-            failed_polls=self._failed_polls,
-        )
-        self._outage_since = None
-        self._failed_polls = 0
-        self._retry_at = 0.0
-        self._backoff = self._new_backoff()
 
     def _note_problems(self, values: dict[str, float | str | DecodeProblem]) -> None:
         """Log a field that cannot be decoded when it goes bad, and when it is good again."""

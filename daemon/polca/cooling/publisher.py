@@ -1,12 +1,13 @@
-"""Publish CDU telemetry to MQTT: from the simulated plant or from the Modbus poller.
+"""Publish CDU telemetry to MQTT: from the simulated plant or from a Modbus/Redfish poller.
 
 Two small eternal loops, meant to run under ``aiokit.guard`` in a supervisor's TaskGroup:
 ``run_plant`` (a ``SimulatedCdu``, its heat input taken from the racks' power each tick)
-and ``run_poller`` (a ``ModbusCduPoller``). Both publish one ``CduTelemetry`` per
-``interval_s`` to ``Topics.cdu(site, cdu)`` at QoS 0, not retained, as a CDU publishing
-to MQTT itself would; ticks are scheduled on ``loop.time()`` and a late tick is skipped,
-not bunched. While the plant's telemetry-loss fault is on, or the poller cannot reach the
-CDU, nothing is published: the aggregator sees the CDU go silent, as it would.
+and ``run_poller`` (any ``CduPoller``: ``ModbusCduPoller``, ``RedfishCduPoller``). Both
+publish one ``CduTelemetry`` per ``interval_s`` to ``Topics.cdu(site, cdu)`` at QoS 0,
+not retained, as a CDU publishing to MQTT itself would; ticks are scheduled on
+``loop.time()`` and a late tick is skipped, not bunched. While the plant's telemetry-loss
+fault is on, or the poller cannot reach the CDU, nothing is published: the aggregator
+sees the CDU go silent, as it would.
 
 ``RackPowerTracker`` turns the agents' node telemetry into rack power, the plant's heat
 input when it runs next to a live row (``polca cdu simulate --rack``). Every received
@@ -15,7 +16,8 @@ guard, and a message it cannot use (not node telemetry, retained, malformed, nam
 another node than its topic, one node too many) is counted by reason, logged at most once
 per ``DropLog.every_s`` per reason, and dropped; an unexpected exception is counted as
 ``internal`` and logged with its traceback. Nothing but cancellation ends the listener,
-and a failing Modbus poll other than ``ConfigError`` does not end the poller either.
+and a failing poll other than a ``FatalError`` (``ConfigError``, rejected credentials)
+does not end the poller either.
 
 What this module must not do: model physics, decode registers, or own the MQTT connection
 (it is handed a bus).
@@ -23,26 +25,28 @@ What this module must not do: model physics, decode registers, or own the MQTT c
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 import structlog
 
 from polca import aiokit
-from polca.errors import ConfigError, TransportError
+from polca.errors import FatalError, TransportError
 from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.checks import DropLog
 from polca.telemetry.schema import SchemaError, Telemetry, decode, encode
 from polca.telemetry.topics import Topics
 
 if TYPE_CHECKING:
-    from polca.cooling.modbus import ModbusCduPoller
     from polca.cooling.plant import SimulatedCdu
     from polca.telemetry.schema import CduTelemetry
 
 __all__ = [
+    "CduPoller",
     "DropLog",
     "Publisher",
     "RackPowerTracker",
@@ -71,6 +75,65 @@ class Subscriber(Protocol):
         ...
 
 
+class CduPollerConfig(Protocol):
+    """What ``run_poller`` needs of a poller's configuration: the CDU's name."""
+
+    @property
+    def cdu(self) -> str:
+        """The CDU's name (topic segment)."""
+        ...
+
+
+class CduPoller(Protocol):
+    """A CDU read on demand over some protocol (``ModbusCduPoller``, ``RedfishCduPoller``).
+
+    ``poll`` raises ``TransportError`` while the CDU cannot be read (the poller backs off
+    and logs the outage once) and a ``FatalError`` when retrying cannot help; ``close``
+    may be a coroutine function (``run_poller`` awaits it then).
+    """
+
+    @property
+    def config(self) -> CduPollerConfig:
+        """The poller's configuration (``cdu``; Modbus adds ``host`` and ``port``)."""
+        ...
+
+    async def poll(self) -> CduTelemetry:
+        """Read the CDU once."""
+        ...
+
+    def close(self) -> Awaitable[None] | None:
+        """Close the connection (idempotent); the next poll reconnects."""
+        ...
+
+
+async def close_poller(poller: CduPoller, *, timeout_s: float = 5.0) -> None:
+    """Close ``poller``, awaiting (for at most ``timeout_s``) when its ``close`` is async."""
+    closing = poller.close()
+    if inspect.isawaitable(closing):
+        try:
+            async with asyncio.timeout(timeout_s):
+                await closing
+        except TimeoutError:
+            log.warning("cdu_poller_close_timed_out", cdu=poller.config.cdu, timeout_s=timeout_s)
+
+
+def _poller_fields(poller: CduPoller) -> dict[str, object]:
+    """Where the poller reads from, for its start line: Modbus host/port, or ``where``."""
+    config = poller.config
+    fields: dict[str, object] = {"cdu": config.cdu}
+    for key in ("host", "port"):
+        value = getattr(config, key, None)
+        if value is not None:
+            fields[key] = value
+    blocks = getattr(poller, "blocks", None)
+    if isinstance(blocks, tuple):
+        fields["requests_per_poll"] = len(blocks)
+    where = getattr(poller, "where", None)
+    if isinstance(where, str):
+        fields["where"] = where
+    return fields
+
+
 def _cdu_message(topics: Topics, site: str, telemetry: CduTelemetry) -> OutMessage:
     return OutMessage(topics.cdu(site, telemetry.cdu), encode(telemetry), qos=0)
 
@@ -97,24 +160,25 @@ def publish_plant_once(
 
 async def publish_poll_once(
     bus: Publisher,
-    poller: ModbusCduPoller,
+    poller: CduPoller,
     *,
     site: str,
     topics: Topics | None = None,
     failures: DropLog | None = None,
 ) -> CduTelemetry | None:
-    """One Modbus poll, published; None when the CDU is unreachable (the poller logs it).
+    """One poll, published; None when the CDU is unreachable (the poller logs it).
 
-    ``ConfigError`` (the device rejects the map) propagates: retrying cannot fix it. Any
-    other exception (a bug: decoding is total) is counted and logged through ``failures``
-    as ``internal``, and the poll yields nothing.
+    A ``FatalError`` (``ConfigError``: the device rejects the map or has no such CDU;
+    rejected credentials) propagates: retrying cannot fix it. Any other exception (a bug:
+    decoding is total) is counted and logged through ``failures`` as ``internal``, and
+    the poll yields nothing.
     """
     try:
         telemetry = await poller.poll()
+    except FatalError:  # before TransportError: TransportAuthError is both
+        raise
     except TransportError:
         return None
-    except ConfigError:
-        raise
     except Exception as exc:  # one bad poll must not end the poller
         drops = failures if failures is not None else DropLog("cdu_poll_failed")
         drops.drop("internal", exc=exc, cdu=poller.config.cdu)
@@ -146,7 +210,7 @@ async def run_plant(
 
 async def run_poller(
     bus: Publisher,
-    poller: ModbusCduPoller,
+    poller: CduPoller,
     *,
     site: str,
     interval_s: float,
@@ -155,17 +219,9 @@ async def run_poller(
     """Poll the CDU and publish its telemetry every ``interval_s``, forever.
 
     An unreachable CDU publishes nothing (the poller retries with backoff and logs the
-    outage once); ``ConfigError`` ends the loop.
+    outage once); a ``FatalError`` ends the loop. The poller is closed when the loop ends.
     """
-    config = poller.config
-    log.info(
-        "cdu_poller_started",
-        cdu=config.cdu,
-        host=config.host,
-        port=config.port,
-        requests_per_poll=len(poller.blocks),
-        interval_s=interval_s,
-    )
+    log.info("cdu_poller_started", **_poller_fields(poller), interval_s=interval_s)
     failures = DropLog("cdu_poll_failed")
     try:
         await aiokit.every(
@@ -173,7 +229,7 @@ async def run_poller(
             lambda: publish_poll_once(bus, poller, site=site, topics=topics, failures=failures),
         )
     finally:
-        poller.close()
+        await close_poller(poller)
 
 
 @dataclass(slots=True)

@@ -313,6 +313,17 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "polca_aggregator_control_step_failures_total",
         "Control steps that raised and published nothing (retried the next interval).",
     ),
+    # Per node with a BMC, from the aggregator's out-of-band writes.
+    _f("oob", "caps", "polca_oob_caps_total", "Out-of-band caps written and verified."),
+    _f("oob", "releases", "polca_oob_releases_total", "Out-of-band caps lifted and verified."),
+    _f(
+        "oob",
+        "failures",
+        "polca_oob_failures_total",
+        "Out-of-band writes that failed or read back another limit (retried).",
+    ),
+    _f("oob", "capped", "polca_oob_capped", "1 while the node is capped through its BMC."),
+    _f("oob", "limit_w", "polca_oob_limit_watts", "The BMC's limit read back after a write."),
 )
 _BY_MEASUREMENT: Final = {
     m: tuple(f for f in FAMILIES if f.measurement == m) for m in {f.measurement for f in FAMILIES}

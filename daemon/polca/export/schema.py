@@ -245,6 +245,22 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
         tags=("site", "shard", "instance"),
         fields={"term": int, "leader_term": int, "leading": float, "leader": str},
     ),
+    "oob": MeasurementSchema(
+        tags=("site", "node"),
+        fields={
+            "action": str,
+            "reason": str,
+            "error": str,
+            "target_w": float,
+            "limit_w": float,
+            "verified": float,
+            "capped": float,
+            "latency_s": float,
+            "caps": int,
+            "releases": int,
+            "failures": int,
+        },
+    ),
     "cooling_loop": MeasurementSchema(
         tags=("site", "loop", "cdu"),
         fields=_floats(
@@ -297,6 +313,7 @@ ESSENTIAL_MEASUREMENTS: Final[frozenset[str]] = frozenset(
         "cooling_loop",
         "leadership",
         "aggregator",
+        "oob",
     }
 )
 """The measurements a sink must keep before any other: a sink's *essential* class.

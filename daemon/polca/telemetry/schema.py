@@ -321,11 +321,23 @@ class Assignment(_Wire):
 
 
 class Meter(_Wire):
-    """``{root}/{site}/{row}/meter`` (or a configured topic): row power from a PDU or meter."""
+    """``{root}/{site}/{row}/meter`` (or a configured topic): row power from a PDU or meter.
+
+    ``polca meter`` sums a row's sources (A and B feeds, several PDUs). When one fails the
+    reading is ``partial``: ``power_w`` is the sum of the others, ``missing`` says which
+    failed and why, and the aggregator never takes it as the row's power.
+    """
 
     kind: Literal["meter"] = "meter"
     power_w: _TotalWatts
     energy_j: float | None = Field(None, ge=0, le=1e18, description="Meter energy counter, if any.")
+    sources: _Count = Field(1, le=256, description="Sources summed in power_w.")
+    partial: bool = Field(
+        False, description="Some sources failed: not the row's power (see missing)."
+    )
+    missing: dict[_Name, _Label] = Field(
+        default_factory=dict, max_length=256, description="Failed source -> why (partial)."
+    )
 
 
 class PolicyBundle(_Wire):
@@ -366,6 +378,9 @@ class RowSummary(_Wire):
     issuer: _Name
     power_w: _TotalWatts
     power_source: Literal["computed", "meter"]
+    power_note: str = Field(
+        "", max_length=512, description="Why a fresh meter reading was not used, if one was not."
+    )
     budget_w: _TotalWatts
     effective_budget_w: _TotalWatts
     level: _Level

@@ -1,0 +1,1 @@
+"""Out-of-band power caps through a node's BMC (Redfish), for nodes whose agent cannot cap."""
