@@ -3,7 +3,8 @@
 Exit codes, for every command and daemon (``exit_code`` chooses them): 0 success,
 ``EX_FAILURE`` (1) an unexpected failure, ``EX_USAGE`` (2) a usage error (argparse),
 ``EX_DATAERR`` (65) a device answered a probe with nothing usable, ``EX_UNAVAILABLE``
-(69) a one-shot command could not reach the broker or device, ``EX_NOPERM`` (77)
+(69) a one-shot command could not reach the broker or device, ``EX_PROTOCOL`` (76) a
+device took a write but reports another value, ``EX_NOPERM`` (77)
 the broker refused its credentials, ``EX_CONFIG`` (78) a fatal configuration or privilege
 problem whose message says how to fix it (the systemd units do not restart on 78),
 ``EX_INTERRUPTED`` (130) stopped by Ctrl-C. The process that ended logs one critical line
@@ -55,6 +56,7 @@ EX_FAILURE: Final = 1
 EX_USAGE: Final = 2
 EX_DATAERR: Final = 65
 EX_UNAVAILABLE: Final = 69
+EX_PROTOCOL: Final = 76
 """sysexits: a service the command needs (the MQTT broker) cannot be reached."""
 EX_NOPERM: Final = 77
 """sysexits: the broker refused the credentials."""
@@ -69,6 +71,7 @@ __all__ = [
     "EX_FAILURE",
     "EX_INTERRUPTED",
     "EX_NOPERM",
+    "EX_PROTOCOL",
     "EX_UNAVAILABLE",
     "EX_USAGE",
     "KILLED",

@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from polca.bmc import cli
-from polca.exits import EX_CONFIG, EX_DATAERR, EX_NOPERM, EX_UNAVAILABLE, EX_USAGE
+from polca.exits import (
+    EX_CONFIG,
+    EX_DATAERR,
+    EX_NOPERM,
+    EX_PROTOCOL,
+    EX_UNAVAILABLE,
+    EX_USAGE,
+)
 from tests.services import free_port
 from tests.standins.fixtures import PASSWORD, USERNAME, TlsFiles
 from tests.standins.process import RedfishStandIn
@@ -96,7 +103,7 @@ def test_liar_exits_with_protocol_error(
     """A BMC that keeps another limit: the JSON says verified false, the code is 76."""
     bmc_standin.fault("liar")
     code, answer, err = run(capsys, "cap", bmc_standin.url, "--watts", "800", login=password_file)
-    assert (code, answer, len(err)) == (cli.EX_PROTOCOL, {"limit_w": 1200.0, "verified": False}, 1)
+    assert (code, answer, len(err)) == (EX_PROTOCOL, {"limit_w": 1200.0, "verified": False}, 1)
 
 
 def test_hostile_values_exit_with_data_error(

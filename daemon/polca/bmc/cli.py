@@ -29,13 +29,19 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-from polca.exits import EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_USAGE, one_shot_code
+from polca.exits import (
+    EX_CONFIG,
+    EX_FAILURE,
+    EX_INTERRUPTED,
+    EX_PROTOCOL,
+    EX_USAGE,
+    one_shot_code,
+)
 
-__all__ = ["EX_PROTOCOL", "add_parsers", "main"]
+__all__ = ["add_parsers", "main"]
 
-EX_PROTOCOL: Final = 76
 """sysexits: the BMC accepted a write and reports another value."""
 
 
