@@ -227,3 +227,29 @@ def test_ha_drop_in_is_commented_and_its_credential_is_what_settings_read(
     )
     settings = load_settings_as(AggregatorSettings, config)
     assert settings.ha.secret() == "etcd-s3cret"
+
+
+BMC_DROP_IN = ROOT / "systemd" / "polca-aggregator-bmc.conf"
+
+
+def test_bmc_drop_in_is_commented_and_its_credential_is_what_the_bmc_endpoints_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The out-of-band caps drop-in: a comment on every directive, and its credential is
+    the file a BMC endpoint configured as in deploy/aggregator.example.yaml reads."""
+    from polca.redfish.api import RedfishEndpoint
+    from polca.settings import read_secret
+
+    text = BMC_DROP_IN.read_text(encoding="utf-8")
+    assert uncommented_directives(text) == []
+    assert trailing_comments(text) == []
+    (credential,) = parse_unit(text)["Service"]["LoadCredential"]
+    credential_id = credential.split(":", 1)[0]
+    (tmp_path / credential_id).write_text("bmc-s3cret\n", encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    example = EXAMPLE_CONFIG.read_text(encoding="utf-8")
+    assert f"credential: {credential_id}" in example
+    endpoint = RedfishEndpoint(url="https://10.2.0.11", credential=credential_id)
+    assert read_secret(endpoint.password_file, endpoint.credential) == "bmc-s3cret"
+    config = yaml.safe_load(example)
+    assert config["bmc"]["nodes"] == {}  # off until an operator lists the nodes
