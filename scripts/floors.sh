@@ -2,8 +2,9 @@
 # Test the declared lower bounds: install every dependency of pyproject.toml at exactly
 # its floor (">=X" becomes "==X") in a throwaway virtual environment, then run the unit
 # tests that exercise each library (the bus and embedded broker, settings, the policy
-# engine, the agent and aggregator cores, the InfluxDB transport, Modbus). Needs network
-# access to the package index; CI runs it where it has one: ./scripts/floors.sh
+# engine, the agent and aggregator cores, the InfluxDB transport, Modbus, SNMP, Redfish).
+# Needs network access to the package index; CI runs it where it has one:
+# ./scripts/floors.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=build/floors-venv
@@ -41,5 +42,5 @@ PY
 # schema output changes between releases), so its equality check is left out here.
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   tests/telemetry tests/policy tests/agent tests/aggregator tests/export tests/test_settings.py \
-  tests/cooling tests/coord/test_leadership.py \
+  tests/cooling tests/coord/test_leadership.py tests/meter tests/redfish tests/bmc \
   --deselect tests/policy/test_shipped.py::test_doc_schema_is_current "$@"
