@@ -272,3 +272,67 @@ def test_config_refuses_secrets_and_inconsistencies(fields: dict[str, Any], erro
     base = {"protocol": "snmp", "name": "pdu", "host": "pdu.example"}
     with pytest.raises(ValidationError, match=error):
         SnmpSourceConfig.model_validate(base | fields)
+
+
+class Counting(SnmpSource):
+    """A source that counts the requests it sends (to the real agent)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gets: list[tuple[str, ...]] = []
+        self.walks: list[str] = []
+
+    async def _get(self, oids: tuple[str, ...]) -> dict[str, object]:
+        self.gets.append(oids)
+        return await super()._get(oids)
+
+    async def _walk(self, prefix: str) -> dict[str, object]:
+        self.walks.append(prefix)
+        return await super()._walk(prefix)
+
+
+@pytest.mark.parametrize(
+    ("community", "walks_after"),
+    [("apc", 0), ("apc-phases", 2)],  # phase power and its device column
+)
+async def test_after_the_first_read_only_the_value_the_device_supports_is_asked_for(
+    snmpsim: SnmpSimProcess, community: str, walks_after: int
+) -> None:
+    """The first read asks for every value of the profile; the next ones for the value
+    the device supports only (one GET for a PDU that measures its total), with the same
+    answer and the first read's fallbacks."""
+    source = Counting(config(snmpsim, profile="apc"), community=community)
+    try:
+        first = await source.read()
+        assert len(source.walks) == 4  # phase power, current, voltage, device index
+        source.gets.clear()
+        source.walks.clear()
+        again = await source.read()
+        assert again == first
+        assert len(source.walks) == walks_after
+        assert sum(len(g) for g in source.gets) == (1 if walks_after == 0 else 0)
+    finally:
+        await source.close()
+
+
+async def test_sources_share_one_engine_per_loop_and_credentials(snmpsim: SnmpSimProcess) -> None:
+    """Two v2c sources use one engine; the last to close closes it, the other reads on."""
+    from polca.meter import snmp as snmp_module
+
+    a = SnmpSource(config(snmpsim, name="a"), community="apc")
+    b = SnmpSource(config(snmpsim, name="b"), community="raritan")
+    before = dict(snmp_module._ENGINES)
+    try:
+        assert (await a.read()).power_w == 5230.0
+        assert (await b.read()).power_w == 2716.0
+        new = {k: v for k, v in snmp_module._ENGINES.items() if k not in before}
+        assert len(new) == 1
+        [(key, shared)] = new.items()
+        assert shared.users == 2
+        await a.close()
+        assert (await b.read()).power_w == 2716.0
+        await b.close()
+        assert key not in snmp_module._ENGINES
+    finally:
+        await a.close()
+        await b.close()

@@ -16,11 +16,21 @@ first poll and remembered. How SNMP failures map onto ``MeterSource``'s contract
   fit the device; any other error-status (``genErr``, ``tooBig``): ``TransportError``, since
   the agent may answer next time.
 
-Each source owns one ``SnmpEngine``, made at the first read: an engine holds the USM
-users and what it learnt of the agent (engine id, boots, time), and sources are few (one
-per PDU), so sharing one would save little and couple sources' credentials. Secrets come
-from files or systemd credentials (``polca.settings.read_secret``), never from YAML.
-Nothing is logged per poll: the service logs.
+Sources share ``SnmpEngine``s: one per event loop and set of credentials (every v2c
+source shares one; v3 sources share one per user and keys, since an engine's USM table
+holds one entry per user name). An engine costs a third of a second of CPU to make (its
+MIB machinery) and holds one UDP socket for every PDU it talks to; one per PDU made a
+meter of 200 PDUs spend its first minute building engines. The last source to close one
+closes its socket.
+
+A poll asks for as little as it can: the first read (and one every ``RELEARN_READS``)
+asks for every value of the profile, and ``decode`` says which one the device supports
+(its total power, else its phases, else current x voltage); the reads after it ask for
+that value only (one GET for a PDU that measures its total power, instead of a GET and
+four column walks), keeping the first read's ``fallbacks``. A read of the learnt value
+that fails to decode asks for everything again at once. Secrets come from files or
+systemd credentials (``polca.settings.read_secret``), never from YAML. Nothing is logged
+per poll: the service logs.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import urllib.parse
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal, Self
 
@@ -45,7 +55,7 @@ with warnings.catch_warnings():
     from pysnmp.proto import errind, rfc1905  # type: ignore[import-untyped]
     from pysnmp.smi import compiler  # type: ignore[import-untyped]
 
-from polca.errors import ConfigError, TransportAuthError, TransportError
+from polca.errors import ConfigError, ReadingRejectedError, TransportAuthError, TransportError
 from polca.meter.profiles import (
     MAX_ROWS,
     MAX_VOLTAGE_V,
@@ -66,6 +76,8 @@ from polca.settings import read_secret
 
 __all__ = ["DeviceIdentity", "GenericOid", "SnmpSource", "SnmpSourceConfig", "probe"]
 
+RELEARN_READS: Final = 600
+"""Reads between two full reads (every value of the profile): ten minutes at 1 Hz."""
 MAX_GET_VARBINDS: Final = 32
 """The most OIDs in one GET (a profile asks for fewer than ten)."""
 _BULK_REPETITIONS: Final = 16
@@ -220,7 +232,10 @@ class SnmpSource:
         self._engine: Any = None
         self._auth: Any = None
         self._target: Any = None
+        self._engine_key: tuple[object, ...] | None = None
         self._profile: Profile | None = None
+        self._learnt: tuple[Profile, tuple[str, ...]] | None = None  # (one value, fallbacks)
+        self._reads_since_full = 0
         self.identity: DeviceIdentity | None = None
         """What the device said it is, once discovered (``auto`` or the probe)."""
 
@@ -237,6 +252,22 @@ class SnmpSource:
     async def read(self) -> SourceReading:
         """Read the PDU once (see the module docstring for the errors)."""
         profile = await self._bound_profile()
+        learnt = self._learnt
+        if learnt is not None and self._reads_since_full < RELEARN_READS:
+            self._reads_since_full += 1
+            try:
+                reading = await self._decode(learnt[0])
+            except (ConfigError, ReadingRejectedError):
+                self._learnt = None  # the device changed: ask for everything, now
+            else:
+                return replace(reading, fallbacks=learnt[1])
+        reading = await self._decode(profile)
+        self._learnt = (_only(profile, reading.detail), reading.fallbacks)
+        self._reads_since_full = 0
+        return reading
+
+    async def _decode(self, profile: Profile) -> SourceReading:
+        """One read of ``profile``'s values, decoded."""
         gets, walks = profile.requests()
         varbinds = await self._get(gets)
         for prefix in walks:
@@ -262,9 +293,10 @@ class SnmpSource:
 
     async def close(self) -> None:
         """Close the engine's socket (idempotent)."""
-        engine, self._engine, self._target = self._engine, None, None
-        if engine is not None:
-            engine.close_dispatcher()
+        key, self._engine_key = self._engine_key, None
+        self._engine, self._target = None, None
+        if key is not None:
+            _release_engine(key)
 
     async def _bound_profile(self) -> Profile:
         if self._profile is None:
@@ -285,21 +317,39 @@ class SnmpSource:
         config = self._config
         if self._engine is None:
             community, auth_key, priv_key = self._secrets
+            key: tuple[object, ...]
             if config.version == "2c":
                 community = community or _secret(
                     config.community_file, config.community_credential, "community"
                 )
                 # v2c is what most PDUs speak; v3 is offered and preferred.
                 self._auth = hlapi.CommunityData(community, mpModel=1)  # noqa: S508
+                key = ("2c",)
             else:
+                auth_key = auth_key or _secret(
+                    config.auth_key_file, config.auth_key_credential, "auth"
+                )
+                priv_key = priv_key or _secret(
+                    config.priv_key_file, config.priv_key_credential, "priv"
+                )
                 self._auth = hlapi.UsmUserData(
                     config.username,
-                    auth_key or _secret(config.auth_key_file, config.auth_key_credential, "auth"),
-                    priv_key or _secret(config.priv_key_file, config.priv_key_credential, "priv"),
+                    auth_key,
+                    priv_key,
                     authProtocol=_AUTH_PROTOCOLS[config.auth_protocol],
                     privProtocol=_PRIV_PROTOCOLS[config.priv_protocol],
                 )
-            self._engine = _new_engine()
+                key = (
+                    "3",
+                    config.username,
+                    config.auth_protocol,
+                    auth_key,
+                    config.priv_protocol,
+                    priv_key,
+                )
+            key = (id(asyncio.get_running_loop()), *key)
+            self._engine = _acquire_engine(key)
+            self._engine_key = key
         if self._target is None:
             try:
                 self._target = await hlapi.UdpTransportTarget.create(
@@ -372,6 +422,47 @@ class SnmpSource:
                 rows[oid] = value
                 last = oid
         return rows
+
+
+@dataclass(slots=True)
+class _SharedEngine:
+    engine: Any
+    users: int
+
+
+_ENGINES: dict[tuple[object, ...], _SharedEngine] = {}
+"""Engines by (event loop, credentials); bounded by the sources configured."""
+
+
+def _acquire_engine(key: tuple[object, ...]) -> Any:
+    """The engine for ``key``, made at its first user."""
+    shared = _ENGINES.get(key)
+    if shared is None:
+        shared = _ENGINES[key] = _SharedEngine(_new_engine(), 0)
+    shared.users += 1
+    return shared.engine
+
+
+def _release_engine(key: tuple[object, ...]) -> None:
+    """One user less; the last closes the engine's socket."""
+    shared = _ENGINES.get(key)
+    if shared is None:
+        return
+    shared.users -= 1
+    if shared.users <= 0:
+        del _ENGINES[key]
+        shared.engine.close_dispatcher()
+
+
+def _only(profile: Profile, detail: str) -> Profile:
+    """``profile`` reduced to the value a reading's ``detail`` names (the one to ask for
+    from now on); the whole profile when the detail names none of its values."""
+    for value in profile.power:
+        if detail == value.label or detail.startswith(f"{value.label} ("):
+            return replace(profile, power=(value,), current=None, voltage=None)
+    if profile.current is not None and detail.startswith(profile.current.label + " x "):
+        return replace(profile, power=())
+    return profile
 
 
 def _new_engine() -> Any:
