@@ -292,25 +292,30 @@ class Counting(SnmpSource):
 
 
 @pytest.mark.parametrize(
-    ("community", "walks_after"),
-    [("apc", 0), ("apc-phases", 2)],  # phase power and its device column
+    ("community", "walks_first", "walks_after"),
+    [
+        ("apc", 0, 0),  # its total power: one GET, then one GET
+        ("apc-phases", 2, 2),  # total -1: then phase power and its device column
+        ("apc-switched", 4, 3),  # phase power -1 too: then current, voltage (and device)
+    ],
 )
-async def test_after_the_first_read_only_the_value_the_device_supports_is_asked_for(
-    snmpsim: SnmpSimProcess, community: str, walks_after: int
+async def test_a_read_asks_for_the_preferred_value_first_and_then_only_what_the_device_has(
+    snmpsim: SnmpSimProcess, community: str, walks_first: int, walks_after: int
 ) -> None:
-    """The first read asks for every value of the profile; the next ones for the value
-    the device supports only (one GET for a PDU that measures its total), with the same
-    answer and the first read's fallbacks."""
+    """The first read asks for the most preferred value first and for the next only when
+    the device does not support it; the next reads for the value found only, with the
+    same answer and the first read's fallbacks."""
     source = Counting(config(snmpsim, profile="apc"), community=community)
     try:
         first = await source.read()
-        assert len(source.walks) == 4  # phase power, current, voltage, device index
+        assert len(source.walks) == walks_first
         source.gets.clear()
         source.walks.clear()
         again = await source.read()
         assert again == first
         assert len(source.walks) == walks_after
         assert sum(len(g) for g in source.gets) == (1 if walks_after == 0 else 0)
+        assert again.fallbacks == first.fallbacks
     finally:
         await source.close()
 

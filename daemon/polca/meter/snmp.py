@@ -24,11 +24,11 @@ meter of 200 PDUs spend its first minute building engines. The last source to cl
 closes its socket.
 
 A poll asks for as little as it can: the first read (and one every ``RELEARN_READS``)
-asks for every value of the profile, and ``decode`` says which one the device supports
-(its total power, else its phases, else current x voltage); the reads after it ask for
-that value only (one GET for a PDU that measures its total power, instead of a GET and
-four column walks), keeping the first read's ``fallbacks``. A read of the learnt value
-that fails to decode asks for everything again at once. Secrets come from files or
+asks for the most preferred value first (the device's total power) and for the next
+(its phases, then current x voltage) only when the device does not support it; the reads
+after it ask for the value found only (one GET for a PDU that measures its total power,
+instead of a GET and four column walks), keeping the first read's ``fallbacks``. A read
+of the learnt value that fails to decode asks again from the top at once. Secrets come from files or
 systemd credentials (``polca.settings.read_secret``), never from YAML. Nothing is logged
 per poll: the service logs.
 """
@@ -261,17 +261,43 @@ class SnmpSource:
                 self._learnt = None  # the device changed: ask for everything, now
             else:
                 return replace(reading, fallbacks=learnt[1])
-        reading = await self._decode(profile)
+        reading = await self._decode_in_tiers(profile)
         self._learnt = (_only(profile, reading.detail), reading.fallbacks)
         self._reads_since_full = 0
         return reading
 
+    async def _decode_in_tiers(self, profile: Profile) -> SourceReading:
+        """Ask for the most preferred value first and for the next only when the device
+        does not support it: one GET for a PDU that measures its total power."""
+        varbinds: dict[str, object] = {}
+        tiers = _tiers(profile)
+        for tier in tiers[:-1]:
+            await self._fetch(tier, varbinds)
+            try:
+                return self._decoded(tier, varbinds)
+            except ConfigError:
+                continue  # none of the values so far exists: the next one
+            except ReadingRejectedError as exc:
+                if exc.reason != "unsupported":
+                    raise  # a value is there but wrong: never skipped over
+        await self._fetch(tiers[-1], varbinds)
+        return self._decoded(tiers[-1], varbinds)
+
     async def _decode(self, profile: Profile) -> SourceReading:
         """One read of ``profile``'s values, decoded."""
+        varbinds: dict[str, object] = {}
+        await self._fetch(profile, varbinds)
+        return self._decoded(profile, varbinds)
+
+    async def _fetch(self, profile: Profile, varbinds: dict[str, object]) -> None:
+        """Add the answers to ``profile``'s requests not answered yet to ``varbinds``."""
         gets, walks = profile.requests()
-        varbinds = await self._get(gets)
+        varbinds.update(await self._get(tuple(oid for oid in gets if oid not in varbinds)))
         for prefix in walks:
-            varbinds.update(await self._walk(prefix))
+            if not any(oid.startswith(prefix + ".") for oid in varbinds):
+                varbinds.update(await self._walk(prefix))
+
+    def _decoded(self, profile: Profile, varbinds: dict[str, object]) -> SourceReading:
         return decode(
             profile,
             varbinds,
@@ -463,6 +489,15 @@ def _only(profile: Profile, detail: str) -> Profile:
     if profile.current is not None and detail.startswith(profile.current.label + " x "):
         return replace(profile, power=())
     return profile
+
+
+def _tiers(profile: Profile) -> list[Profile]:
+    """``profile`` cut after each power value, most preferred first, then whole."""
+    tiers = [
+        replace(profile, power=profile.power[: i + 1], current=None, voltage=None)
+        for i in range(len(profile.power))
+    ]
+    return [*tiers, profile]
 
 
 def _new_engine() -> Any:
