@@ -220,3 +220,30 @@ def test_health_counters_become_labelled_families() -> None:
     ((labels, seconds),) = metrics["polca_gpu_throttle_seconds_total"]
     assert (labels["reason"], seconds) == ("hw_power_brake_slowdown", 1.5)
     assert "polca_gpu_pcie_replays_total" not in metrics  # unsupported: absent, not zero
+
+
+def test_out_of_band_writes_become_per_node_counters_and_gauges() -> None:
+    """An ``oob`` point (a write through a node's BMC) shows as the node's counters of
+    caps, releases and failures, whether it is capped, and the limit read back."""
+    from polca.bmc.actuator import OobOutcome
+
+    sink = PrometheusSink("127.0.0.1:0", clock=_Clock())
+    outcome = OobOutcome(
+        node="n7",
+        action="cap",
+        target_w=3000.0,
+        limit_w=3000.0,
+        verified=True,
+        error=None,
+        reason="agent offline at level 2",
+        latency_s=0.4,
+    )
+    counts = {"caps": 2, "failures": 1}
+    sink.write([points.oob_point(outcome, ts_ns=TS_NS, site="dc1", capped=True, counts=counts)])
+    scraped = _scrape(sink)
+    labels = {"site": "dc1", "node": "n7"}
+    assert scraped["polca_oob_caps_total"] == [(labels, 2.0)]
+    assert scraped["polca_oob_releases_total"] == [(labels, 0.0)]
+    assert scraped["polca_oob_failures_total"] == [(labels, 1.0)]
+    assert scraped["polca_oob_capped"] == [(labels, 1.0)]
+    assert scraped["polca_oob_limit_watts"] == [(labels, 3000.0)]
