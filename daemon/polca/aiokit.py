@@ -121,7 +121,9 @@ async def watch_file(path: Path, *, debounce_s: float, action: Callable[[], obje
         debounce=max(50, int(debounce_s * 1000)),
         step=50,
         recursive=False,
-        watch_filter=lambda _change, changed: Path(changed).name == path.name,
+        # A Kubernetes ConfigMap volume swaps its ``..data`` symlink; the file's own
+        # symlink never changes, so that swap counts as a change of the file too.
+        watch_filter=lambda _change, changed: Path(changed).name in {path.name, "..data"},
     ):
         action()
     msg = f"the watcher of {path} ended"

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import structlog
 
 from polca import __version__, aiokit, logs
+from polca.assign import cli as assign_cli
 from polca.bmc import cli as bmc_cli
 from polca.cooling import cli as cooling_cli
 from polca.errors import FatalError, PolcaError, TransportAuthError
@@ -187,7 +188,7 @@ def _parser() -> argparse.ArgumentParser:
     csub.add_parser("show", help="print the effective settings (secrets hidden)").add_argument(
         "--config", type=Path, default=None
     )
-    for tool in (cooling_cli, meter_cli, bmc_cli, sim_cli):
+    for tool in (cooling_cli, meter_cli, bmc_cli, assign_cli, sim_cli):
         tool.add_parsers(sub)
     return parser
 
@@ -252,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return meter_cli.main(args)
     if args.command == "bmc":
         return bmc_cli.main(args)
+    if args.command == "assign":
+        return assign_cli.main(args)
     if args.command in sim_cli.COMMANDS:
         return sim_cli.main(args)
     if args.command == "aggregator":

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from polca.settings import Settings, load_settings
+from polca.settings import KubernetesAssignment, PriorityThreshold, Settings, load_settings
 
 _HEADER = """# Configuration reference
 
@@ -82,7 +82,8 @@ def _group_table(group_name: str, model: type[BaseModel], *, env: bool = True) -
         else "| key | default | meaning |"
     )
     lines.append("|---|---|---|---|" if env else "|---|---|---|")
-    for key, field in model.model_fields.items():
+    for name, field in model.model_fields.items():
+        key = field.alias or name  # the YAML key
         desc = (field.description or "").replace("|", "\\|")
         if env:
             var = f"POLCA_{group_name.upper()}__{key.upper()}"
@@ -127,6 +128,10 @@ def render() -> str:
 
     lines = [_HEADER, "\n## Node agent (`polca agent`)"]
     lines.extend(_settings_tables(Settings))
+    lines.extend(_group_table("assignment.kubernetes", KubernetesAssignment, env=False))
+    lines.extend(
+        _group_table("assignment.kubernetes.priority_thresholds[]", PriorityThreshold, env=False)
+    )
     lines.append("\n## Aggregator (`polca aggregator`)")
     lines.append(
         "\nThe same sources and secret rules apply; the InfluxDB token comes from "

@@ -19,7 +19,7 @@ naming its exact topics, and no ``pattern`` line at all:
   of the racks its loop cools): writes that CDU's telemetry only;
 - a meter per row (``meter-<row>``): writes the row's ``meter_topic`` (or the default
   ``{root}/{site}/{row}/meter``, where the aggregator listens when none is set);
-- the scheduler: writes every node's assignment, reads node status;
+- the scheduler: writes (and reads back) every node's assignment, reads node status;
 - the viewer (``polca status``, dashboards' helpers): reads everything above, writes nothing.
 
 Rerun it whenever the topology changes, then ``systemctl reload mosquitto``. It must run
@@ -387,11 +387,12 @@ def _aggregator(topology: Topology, user: str) -> list[str]:
 def _services(topology: Topology, users: ServiceUsers) -> list[str]:
     site = f"{topology.root}/{topology.site}"
     out = [
-        "# The scheduler: writes the priority assignment of every node; reads node status.",
+        "# The scheduler: writes (and reads back) the priority assignment of every node;",
+        "# reads node status.",
         f"user {users.scheduler}",
     ]
     for row in topology.rows:
-        out += [f"topic write {site}/{row.name}/+/+/assign"]
+        out += [f"topic readwrite {site}/{row.name}/+/+/assign"]
         out += [f"topic read {site}/{row.name}/+/+/status"]
     out += [
         "",

@@ -72,7 +72,13 @@ class Node:
     """One AgentCore on four simulated GPUs, with the test as its shell."""
 
     def __init__(
-        self, tmp_path: Path, *, on_stop: str = "restore", grace_s: float = 0.0, **settings: Any
+        self,
+        tmp_path: Path,
+        *,
+        on_stop: str = "restore",
+        grace_s: float = 0.0,
+        assignment_source: Any = "mqtt",
+        **settings: Any,
     ) -> None:
         path = policy_file(tmp_path, on_stop=on_stop)
         store = PolicyStore(path)
@@ -85,6 +91,7 @@ class Node:
             ),
             policy_store=store,
             identity=Identity("simulated", observe_only=False, started_ns=WALL0),
+            assignment_source=assignment_source,
         )
         self.backend = SimulatedBackend(count=4, model="A100-SXM4", seed=7, clock=lambda: 0.0)
         self.infos = self.backend.discover()

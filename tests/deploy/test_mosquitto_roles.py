@@ -189,7 +189,14 @@ P_READS = matrix(
         *_others("polca-aggregator", "cdu"),
     ],
     polca_scheduler=channels("row1", "rack1", "node1", "status")
-    + channels("row1", "rack1", "node2", "status"),
+    + channels("row1", "rack1", "node2", "status")
+    # polca assign reads back the assignments it writes (not its own name's: a node deny).
+    + [
+        node("row1", "rack1", "node1", "assign"),
+        node("row1", "rack1", "node2", "assign"),
+        node("row2", "rack9", "node1", "assign"),
+        *(node("row1", "rack1", user, "assign") for user in SERVICES if user != "polca-scheduler"),
+    ],
     polca_viewer=[
         topic
         for topic in P_UNIVERSE
@@ -369,7 +376,11 @@ S_READS = matrix(
     cdu2=[node("row2", "rack9", "node9", "telemetry"), node("row2", "rack9", "node1", "telemetry")],
     meter_row1=[],
     meter_row2=[],
-    polca_scheduler=[node(row, rack, name, "status") for name, (row, rack) in S_NODES.items()],
+    polca_scheduler=[
+        node(row, rack, name, channel)
+        for name, (row, rack) in S_NODES.items()
+        for channel in ("status", "assign")
+    ],
     polca_aggregator=[
         *(
             node(row, rack, name, channel)

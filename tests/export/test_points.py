@@ -712,5 +712,5 @@ def test_every_measurement_is_essential_or_bulk() -> None:
     assert not ESSENTIAL_MEASUREMENTS & BULK_MEASUREMENTS
     assert set(SCHEMA) == ESSENTIAL_MEASUREMENTS | BULK_MEASUREMENTS
     # What the nodes' messages multiply is bulk; what the aggregator decided is essential.
-    assert {"gpu", "gpu_cap", "gpu_health", "agent", "event"} == BULK_MEASUREMENTS
+    assert {"gpu", "gpu_cap", "gpu_health", "gpu_workload", "agent", "event"} == BULK_MEASUREMENTS
     assert {"row", "rack", "node", "control", "cooling_alarm"} <= ESSENTIAL_MEASUREMENTS

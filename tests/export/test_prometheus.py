@@ -247,3 +247,32 @@ def test_out_of_band_writes_become_per_node_counters_and_gauges() -> None:
     assert scraped["polca_oob_failures_total"] == [(labels, 1.0)]
     assert scraped["polca_oob_capped"] == [(labels, 1.0)]
     assert scraped["polca_oob_limit_watts"] == [(labels, 3000.0)]
+
+
+def test_a_gpus_class_origin_and_workload_become_an_info_series() -> None:
+    """``gpu_workload``: 1 per GPU with a runtime class, labelled with where the class came
+    from and the namespace, pod and container holding it; none for a GPU without one."""
+    from polca.export.gpus import gpu_workload_points
+    from polca.telemetry.schema import WorkloadRef
+
+    message = telemetry_of((_gpu(0), _gpu(1)))
+    first, *others = message.gpus
+    held = first.model_copy(
+        update={
+            "priority_class": "high",
+            "class_origin": "annotation",
+            "workload": WorkloadRef(namespace="serving", pod="llm-0", container="server"),
+        }
+    )
+    message = message.model_copy(update={"gpus": (held, *others)})
+    sink = PrometheusSink("127.0.0.1:0", clock=_Clock())
+    sink.write(gpu_workload_points(message, site="dc1", row="row1", rack="rack1"))
+    [(labels, value)] = _scrape(sink)["polca_gpu_workload_info"]
+    assert value == 1.0
+    assert labels["class"] == "high"
+    assert labels["class_origin"] == "annotation"
+    assert (labels["namespace"], labels["pod"], labels["container"]) == (
+        "serving",
+        "llm-0",
+        "server",
+    )

@@ -41,6 +41,7 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
@@ -91,10 +92,34 @@ _INT_KEYS = frozenset(
         "power_brake_ns",
         "xid_count",
         "xid_code",
+        "mig_mode",
+        "mig_pending",
+        "max_mig_devices",
+        "memory_total_mib",
+        "app_sm_clock_mhz",
+        "app_mem_clock_mhz",
     }
 )
 GPU_KEYS = _STRING_KEYS | _LIST_KEYS | _INT_KEYS
 GLOBAL_KEYS = frozenset({"count", "privileged", "driver_version", "write_delay_ms"})
+MAX_MIG_SLOTS = 8
+"""MIG device slots per fake GPU (the library's ``MAX_MIG``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FakeMig:
+    """One MIG device of a fake GPU: its UUID, profile and instance ids (a compute instance)."""
+
+    uuid: str
+    profile: str  # e.g. "1g.10gb"; the MIG device's NVML name is "<GPU name> MIG <profile>"
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_mib: int
+
+
+def mig_uuid(gpu: int, slot: int) -> str:
+    """A MIG device UUID in NVML's form (``MIG-`` and a UUID), distinct per GPU and slot."""
+    return f"MIG-fa4e{gpu:04x}-0000-4000-9000-{slot:012x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +257,9 @@ class FakeNvml:
             "locked_max_mhz": 0,
             "clock_event_reasons": 0,
             "pci_device_id": preset.pci_device_id,
+            "mig_mode": 0,  # MIG-capable, off (set_mig turns it on)
+            "mig_pending": 0,
+            "max_mig_devices": 7,
             "supported_mem_clocks": [preset.mem_clock_mhz],
             "supported_sm_clocks": list(
                 range(preset.max_sm_clock_mhz, preset.min_sm_clock_mhz - 1, -15)
@@ -331,6 +359,59 @@ class FakeNvml:
         known = [v for v in limits if isinstance(v, int)]
         state["enforced_limit_mw"] = min(known) if known else None
         return state
+
+    def set_mig(
+        self,
+        gpu: int,
+        devices: Sequence[FakeMig | None] | None = None,
+        /,
+        *,
+        enabled: bool = True,
+        pending: bool | None = None,
+        max_devices: int = 7,
+    ) -> None:
+        """Put ``gpu`` in or out of MIG mode with ``devices`` in MIG device slots 0, 1, ...
+
+        A ``None`` device leaves its slot empty (NVML numbers MIG devices with gaps).
+        ``pending`` is the mode after the next GPU reset (default: the current one). Slots
+        not given are emptied. Use ``set(gpu, mig_mode=None)`` for a GPU without MIG.
+        """
+        given = list(devices or ())
+        if len(given) > MAX_MIG_SLOTS:
+            msg = f"a fake GPU has {MAX_MIG_SLOTS} MIG slots, got {len(given)} devices"
+            raise ValueError(msg)
+        changes: dict[str, str | None] = {
+            f"gpu.{gpu}.mig_mode": _format(enabled),
+            f"gpu.{gpu}.mig_pending": _format(enabled if pending is None else pending),
+            f"gpu.{gpu}.max_mig_devices": str(max_devices),
+        }
+        for slot in range(MAX_MIG_SLOTS):
+            prefix = f"gpu.{gpu}.mig.{slot}."
+            device = given[slot] if slot < len(given) else None
+            changes[f"{prefix}uuid"] = None if device is None else _format(device.uuid)
+            changes[f"{prefix}profile"] = None if device is None else _format(device.profile)
+            changes[f"{prefix}gi"] = None if device is None else str(device.gpu_instance_id)
+            changes[f"{prefix}ci"] = None if device is None else str(device.compute_instance_id)
+            changes[f"{prefix}memory_mib"] = None if device is None else str(device.memory_mib)
+        self._update(changes)
+
+    def mig_devices(self, gpu: int) -> dict[int, FakeMig]:
+        """The MIG devices of ``gpu`` in the state file, by slot (MIG device index)."""
+        lines = self._read()
+        out: dict[int, FakeMig] = {}
+        for slot in range(MAX_MIG_SLOTS):
+            prefix = f"gpu.{gpu}.mig.{slot}."
+            uuid = lines.get(f"{prefix}uuid")
+            if not uuid or uuid == "none":
+                continue
+            out[slot] = FakeMig(
+                uuid=uuid,
+                profile=lines.get(f"{prefix}profile", ""),
+                gpu_instance_id=int(lines.get(f"{prefix}gi", "0"), 0),
+                compute_instance_id=int(lines.get(f"{prefix}ci", "0"), 0),
+                memory_mib=int(lines.get(f"{prefix}memory_mib", "0"), 0),
+            )
+        return out
 
     def xid(self, gpu: int, code: int) -> None:
         """One XID event of ``code`` on GPU ``gpu``, for every event set it is registered in."""

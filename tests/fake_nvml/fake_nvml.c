@@ -30,6 +30,17 @@
  * gpu.<i>.xid_count is one event of code gpu.<i>.xid_code for every event set the GPU is
  * registered in (counted from its count at registration); xid_count none: no XID events.
  *
+ * MIG (Multi-Instance GPU): gpu.<i>.mig_mode 0/1 ("none": the GPU has no MIG, GetMigMode is
+ * NOT_SUPPORTED), mig_pending 0/1, max_mig_devices N (what GetMaxMigDeviceCount reports while
+ * MIG is on; 0 otherwise, as nvml.h says). MIG devices: gpu.<i>.mig.<k>.uuid / profile S and
+ * gpu.<i>.mig.<k>.gi / ci / memory_mib N, for MIG device index k < 8; a slot without a uuid
+ * is empty (GetMigDeviceHandleByIndex: NOT_FOUND). MIG handles answer GetUUID, GetName
+ * ("<parent name> MIG <profile>"), GetMemoryInfo, IsMigDeviceHandle,
+ * GetDeviceHandleFromMigDeviceHandle and Get{Gpu,Compute}InstanceId; any other call on one is
+ * INVALID_ARGUMENT. While mig_mode is 1, clock control is refused with NOT_SUPPORTED
+ * (Set/ResetGpuLockedClocks, Set/ResetApplicationsClocks) and so is GetUtilizationRates;
+ * power limits work as without MIG (they belong to the physical GPU).
+ *
  * Physics (deliberately trivial): enforced limit = min(power_limit_mw, external_limit_mw);
  * reported power = min(configured power, enforced limit); reported SM clock = configured
  * clock clamped into the locked range. Clock event reasons gain SW_POWER_CAP (0x4) while
@@ -67,6 +78,7 @@ enum {
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_DEVICE_MIG_ENABLE = 1,
 };
 
 enum { VT_DOUBLE = 0, VT_UINT = 1, VT_ULONG = 2, VT_ULL = 3, VT_SLL = 4, VT_SINT = 5 };
@@ -103,6 +115,12 @@ typedef struct {
 } nvmlUtilization_t;
 
 typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
     char busIdLegacy[16];
     unsigned int domain;
     unsigned int bus;
@@ -125,6 +143,7 @@ typedef struct {
 #define MAX_GPUS 64
 #define MAX_CLOCKS 256
 #define MAX_FIELD_FAILS 16
+#define MAX_MIG 8 /* MIG device slots per GPU (A100/H100/H200/B200 have at most 7) */
 #define NONE LLONG_MIN
 
 #define FAKE_FUNCTIONS(X)                                                                    \
@@ -159,12 +178,30 @@ typedef struct {
     X(nvmlEventSetFree)                                                                      \
     X(nvmlEventSetWait_v2)                                                                   \
     X(nvmlDeviceRegisterEvents)                                                              \
-    X(nvmlDeviceGetSupportedEventTypes)
+    X(nvmlDeviceGetSupportedEventTypes)                                                      \
+    X(nvmlDeviceGetMemoryInfo)                                                               \
+    X(nvmlDeviceSetApplicationsClocks)                                                       \
+    X(nvmlDeviceResetApplicationsClocks)                                                     \
+    X(nvmlDeviceGetMigMode)                                                                  \
+    X(nvmlDeviceGetMaxMigDeviceCount)                                                        \
+    X(nvmlDeviceGetMigDeviceHandleByIndex)                                                   \
+    X(nvmlDeviceIsMigDeviceHandle)                                                           \
+    X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)                                          \
+    X(nvmlDeviceGetGpuInstanceId)                                                            \
+    X(nvmlDeviceGetComputeInstanceId)
 
 #define AS_ENUM(name) FN_##name,
 #define AS_NAME(name) #name,
 enum { FAKE_FUNCTIONS(AS_ENUM) FN_COUNT };
 static const char *const function_names[FN_COUNT] = {FAKE_FUNCTIONS(AS_NAME)};
+
+typedef struct {
+    char uuid[96]; /* empty: no MIG device in this slot */
+    char profile[32];
+    long long gi; /* GPU instance id */
+    long long ci; /* compute instance id */
+    long long memory_mib;
+} mig_t;
 
 typedef struct {
     long long power_mw;
@@ -204,6 +241,12 @@ typedef struct {
     long long power_brake_ns;
     long long xid_count;
     long long xid_code;
+    long long mig_mode;    /* NVML_DEVICE_MIG_{DISABLE,ENABLE}; NONE: no MIG on this GPU */
+    long long mig_pending;
+    long long max_mig_devices;
+    long long memory_total_mib;
+    long long app_sm_clock_mhz; /* applications clocks (0: default) */
+    long long app_mem_clock_mhz;
     char name[96];
     char uuid[96];
     char pci_bus_id[32];
@@ -216,6 +259,7 @@ typedef struct {
     int n_field_fails;
     unsigned int field_fail_id[MAX_FIELD_FAILS];
     int field_fail_code[MAX_FIELD_FAILS];
+    mig_t mig[MAX_MIG];
 } gpu_t;
 
 static const struct {
@@ -250,12 +294,19 @@ static const struct {
     NUMERIC(power_brake_ns),
     NUMERIC(xid_count),
     NUMERIC(xid_code),
+    NUMERIC(mig_mode),
+    NUMERIC(mig_pending),
+    NUMERIC(max_mig_devices),
+    NUMERIC(memory_total_mib),
+    NUMERIC(app_sm_clock_mhz),
+    NUMERIC(app_mem_clock_mhz),
 #undef NUMERIC
 };
 #define N_NUMERIC (sizeof(numeric_fields) / sizeof(numeric_fields[0]))
 
 typedef struct fake_device {
     int index;
+    int mig; /* MIG device index in mig_handles; unused in handles */
 } fake_device_t;
 typedef fake_device_t *nvmlDevice_t;
 
@@ -271,6 +322,7 @@ static struct {
 
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
 static fake_device_t handles[MAX_GPUS];
+static fake_device_t mig_handles[MAX_GPUS][MAX_MIG];
 static char path_override[4096];
 static int state_available;
 static struct stat cached_stat;
@@ -307,6 +359,10 @@ static void default_gpu(gpu_t *g, int i) {
     g->power_limit_default_mw = 700000;
     g->external_limit_mw = 700000;
     g->pci_device_id = 0x233010DE;
+    g->mig_mode = 0;
+    g->mig_pending = 0;
+    g->max_mig_devices = 7;
+    g->memory_total_mib = 81559;
     g->n_mem_clocks = 1;
     g->mem_clocks[0] = 2619;
     for (unsigned mhz = 1980; mhz >= 345 && g->n_sm_clocks < MAX_CLOCKS; mhz -= 15) {
@@ -366,6 +422,25 @@ static void apply_gpu_key(gpu_t *g, const char *key, const char *value) {
         int fn = function_id(key + 5);
         if (fn >= 0) {
             g->fail[fn] = atoi(value);
+        }
+    } else if (strncmp(key, "mig.", 4) == 0) {
+        char *end;
+        long k = strtol(key + 4, &end, 10);
+        if (end == key + 4 || *end != '.' || k < 0 || k >= MAX_MIG) {
+            return;
+        }
+        mig_t *m = &g->mig[k];
+        const char *field = end + 1;
+        if (strcmp(field, "uuid") == 0) {
+            snprintf(m->uuid, sizeof(m->uuid), "%s", strcmp(value, "none") == 0 ? "" : value);
+        } else if (strcmp(field, "profile") == 0) {
+            snprintf(m->profile, sizeof(m->profile), "%s", strcmp(value, "none") == 0 ? "" : value);
+        } else if (strcmp(field, "gi") == 0) {
+            m->gi = strtoll(value, NULL, 0);
+        } else if (strcmp(field, "ci") == 0) {
+            m->ci = strtoll(value, NULL, 0);
+        } else if (strcmp(field, "memory_mib") == 0) {
+            m->memory_mib = strtoll(value, NULL, 0);
         }
     } else if (strncmp(key, "field_fail.", 11) == 0) {
         if (g->n_field_fails < MAX_FIELD_FAILS) {
@@ -593,6 +668,15 @@ static void write_state(const char *path) {
         for (int k = 0; k < g->n_field_fails; k++) {
             fprintf(f, "gpu.%d.field_fail.%u %d\n", i, g->field_fail_id[k], g->field_fail_code[k]);
         }
+        for (int k = 0; k < MAX_MIG; k++) {
+            const mig_t *m = &g->mig[k];
+            if (m->uuid[0]) {
+                fprintf(f, "gpu.%d.mig.%d.uuid %s\ngpu.%d.mig.%d.profile %s\n", i, k, m->uuid, i, k,
+                        m->profile[0] ? m->profile : "none");
+                fprintf(f, "gpu.%d.mig.%d.gi %lld\ngpu.%d.mig.%d.ci %lld\ngpu.%d.mig.%d.memory_mib %lld\n",
+                        i, k, m->gi, i, k, m->ci, i, k, m->memory_mib);
+            }
+        }
     }
     /* Give every version a distinct mtime: the kernel's coarse file clock can stamp two
        quick writes alike, and a freed inode number can come back for the next file. */
@@ -693,6 +777,57 @@ static nvmlReturn_t enter_device(int fn, nvmlDevice_t device, gpu_t **out) {
 #define DEVICE_CALL(fn)                                                                      \
     gpu_t *g = NULL;                                                                         \
     nvmlReturn_t rc = enter_device(FN_##fn, device, &g);                                     \
+    if (rc != NVML_SUCCESS) {                                                                \
+        return leave(rc);                                                                    \
+    }
+
+static int is_mig_handle(nvmlDevice_t device) {
+    const fake_device_t *first = &mig_handles[0][0];
+    return device >= first && device < first + MAX_GPUS * MAX_MIG;
+}
+
+static int mig_enabled(const gpu_t *g) { return g->mig_mode == NVML_DEVICE_MIG_ENABLE; }
+
+/* Like enter_device, but a MIG device handle is accepted too: *mig is then its slot (NULL
+   for a GPU handle). A MIG handle whose slot is gone (instance destroyed, MIG turned off)
+   is INVALID_ARGUMENT, as NVML says of stale MIG handles. */
+static nvmlReturn_t enter_any(int fn, nvmlDevice_t device, gpu_t **out, mig_t **mig) {
+    *mig = NULL;
+    if (!is_mig_handle(device)) {
+        return enter_device(fn, device, out);
+    }
+    pthread_mutex_lock(&mutex);
+    call_counts[fn]++;
+    refresh();
+    if (init_count <= 0) {
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    if (device->index < 0 || device->index >= state.count || device->mig < 0 ||
+        device->mig >= MAX_MIG) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    gpu_t *g = &state.gpus[device->index];
+    if (g->error) {
+        return g->error;
+    }
+    if (g->fail[fn]) {
+        return g->fail[fn];
+    }
+    if (state.fail[fn]) {
+        return state.fail[fn];
+    }
+    if (!mig_enabled(g) || !g->mig[device->mig].uuid[0]) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    *out = g;
+    *mig = &g->mig[device->mig];
+    return NVML_SUCCESS;
+}
+
+#define ANY_CALL(fn)                                                                         \
+    gpu_t *g = NULL;                                                                         \
+    mig_t *mig = NULL;                                                                       \
+    nvmlReturn_t rc = enter_any(FN_##fn, device, &g, &mig);                                  \
     if (rc != NVML_SUCCESS) {                                                                \
         return leave(rc);                                                                    \
     }
@@ -912,13 +1047,35 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 /* ---- NVML: identity -------------------------------------------------------------------- */
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
-    DEVICE_CALL(nvmlDeviceGetUUID)
-    return leave(put_string(uuid, length, g->uuid));
+    ANY_CALL(nvmlDeviceGetUUID)
+    return leave(put_string(uuid, length, mig != NULL ? mig->uuid : g->uuid));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-    DEVICE_CALL(nvmlDeviceGetName)
-    return leave(put_string(name, length, g->name));
+    ANY_CALL(nvmlDeviceGetName)
+    if (mig == NULL) {
+        return leave(put_string(name, length, g->name));
+    }
+    /* A MIG device is named after its parent and profile, e.g. "NVIDIA H100 80GB HBM3 MIG
+       1g.10gb" (the form nvidia-smi -L and CUDA show). */
+    char full[160];
+    snprintf(full, sizeof(full), "%s MIG %s", g->name, mig->profile[0] ? mig->profile : "?");
+    return leave(put_string(name, length, full));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    ANY_CALL(nvmlDeviceGetMemoryInfo)
+    if (memory == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    long long mib = mig != NULL ? mig->memory_mib : g->memory_total_mib;
+    if (mib == NONE || mib <= 0) {
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    }
+    memory->total = (unsigned long long)mib * 1024ULL * 1024ULL;
+    memory->used = 0;
+    memory->free = memory->total;
+    return leave(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
@@ -1101,7 +1258,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     if (util == NULL) {
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     }
-    if (g->util_gpu_pct == NONE || g->util_mem_pct == NONE) {
+    if (mig_enabled(g) || g->util_gpu_pct == NONE || g->util_mem_pct == NONE) {
         return leave(NVML_ERROR_NOT_SUPPORTED);
     }
     util->gpu = (unsigned int)g->util_gpu_pct;
@@ -1222,7 +1379,9 @@ EXPORT nvmlReturn_t nvmlDeviceSetGpuLockedClocks(nvmlDevice_t device, unsigned i
     long long hi = max_mhz >= CLOCK_LIMIT_ID_RANGE_START
                        ? (g->max_sm_clock_mhz == NONE ? 100000 : g->max_sm_clock_mhz)
                        : (long long)max_mhz;
-    if (!state.privileged) {
+    if (mig_enabled(g)) {
+        rc = NVML_ERROR_NOT_SUPPORTED; /* no clock control on a MIG-enabled GPU */
+    } else if (!state.privileged) {
         rc = NVML_ERROR_NO_PERMISSION;
     } else if (lo > hi || hi == 0) {
         rc = NVML_ERROR_INVALID_ARGUMENT;
@@ -1243,17 +1402,144 @@ EXPORT nvmlReturn_t nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device) {
     DEVICE_CALL(nvmlDeviceResetGpuLockedClocks)
     write_delay();
     int fd = lock_state_file();
-    if (!state.privileged) {
+    if (mig_enabled(g) || !state.privileged) {
         if (fd >= 0) {
             flock(fd, LOCK_UN);
             close(fd);
         }
-        return leave(NVML_ERROR_NO_PERMISSION);
+        return leave(mig_enabled(g) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_NO_PERMISSION);
     }
     g->locked_min_mhz = 0;
     g->locked_max_mhz = 0;
     commit_and_unlock(fd);
     return leave(NVML_SUCCESS);
+}
+
+/* ---- NVML: applications clocks (deprecated in NVML 13; polca does not use them) ------- */
+
+static nvmlReturn_t set_app_clocks(gpu_t *g, long long mem_mhz, long long sm_mhz) {
+    write_delay();
+    int fd = lock_state_file();
+    nvmlReturn_t rc = NVML_SUCCESS;
+    if (mig_enabled(g)) {
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    } else if (!state.privileged) {
+        rc = NVML_ERROR_NO_PERMISSION;
+    } else {
+        g->app_mem_clock_mhz = mem_mhz;
+        g->app_sm_clock_mhz = sm_mhz;
+        commit_and_unlock(fd);
+        return NVML_SUCCESS;
+    }
+    if (fd >= 0) {
+        flock(fd, LOCK_UN);
+        close(fd);
+    }
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceSetApplicationsClocks(nvmlDevice_t device, unsigned int mem_mhz,
+                                                    unsigned int sm_mhz) {
+    DEVICE_CALL(nvmlDeviceSetApplicationsClocks)
+    if (mem_mhz == 0 || sm_mhz == 0) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    return leave(set_app_clocks(g, mem_mhz, sm_mhz));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceResetApplicationsClocks(nvmlDevice_t device) {
+    DEVICE_CALL(nvmlDeviceResetApplicationsClocks)
+    return leave(set_app_clocks(g, 0, 0));
+}
+
+/* ---- NVML: MIG ----------------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
+                                         unsigned int *pending) {
+    DEVICE_CALL(nvmlDeviceGetMigMode)
+    if (current == NULL || pending == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (g->mig_mode == NONE) {
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* a GPU without MIG (pre-Ampere, GeForce) */
+    }
+    *current = (unsigned int)g->mig_mode;
+    *pending = (unsigned int)(g->mig_pending == NONE ? g->mig_mode : g->mig_pending);
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    DEVICE_CALL(nvmlDeviceGetMaxMigDeviceCount)
+    if (count == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    /* nvml.h: "Returns zero if MIG is not supported or enabled." */
+    long long n = mig_enabled(g) && g->max_mig_devices != NONE ? g->max_mig_devices : 0;
+    *count = (unsigned int)(n < 0 ? 0 : n);
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *mig_device) {
+    DEVICE_CALL(nvmlDeviceGetMigDeviceHandleByIndex)
+    if (mig_device == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (!mig_enabled(g)) {
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    }
+    if (g->max_mig_devices == NONE || (long long)index >= g->max_mig_devices) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (index >= MAX_MIG || !g->mig[index].uuid[0]) {
+        return leave(NVML_ERROR_NOT_FOUND);
+    }
+    fake_device_t *h = &mig_handles[device->index][index];
+    h->index = device->index;
+    h->mig = (int)index;
+    *mig_device = h;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig) {
+    ANY_CALL(nvmlDeviceIsMigDeviceHandle)
+    if (is_mig == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    *is_mig = mig != NULL;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t device,
+                                                                 nvmlDevice_t *parent) {
+    ANY_CALL(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)
+    if (parent == NULL || mig == NULL) {
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    handles[device->index].index = device->index;
+    *parent = &handles[device->index];
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t put_instance_id(mig_t *mig, unsigned int *id, long long value) {
+    if (id == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (mig == NULL) {
+        return NVML_ERROR_NOT_SUPPORTED; /* a GPU handle has no instance ids */
+    }
+    *id = (unsigned int)value;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    ANY_CALL(nvmlDeviceGetGpuInstanceId)
+    return leave(put_instance_id(mig, id, mig != NULL ? mig->gi : 0));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    ANY_CALL(nvmlDeviceGetComputeInstanceId)
+    return leave(put_instance_id(mig, id, mig != NULL ? mig->ci : 0));
 }
 
 /* ---- NVML: events (XID) ----------------------------------------------------------------- */

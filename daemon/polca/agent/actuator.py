@@ -90,20 +90,30 @@ def desired_setting(info: GpuInfo, target: GpuTarget, baseline_limit_mw: int | N
     clocks: tuple[int, int] | None = None
     cap = target.sm_clock_max_mhz
     hw_max = info.sm_clock_max_mhz
-    if cap is not None and (hw_max is None or cap < hw_max):
-        supported = info.supported_sm_clocks_mhz
-        high = snap_sm_clock_mhz(cap, supported) if supported else cap
-        low = min(supported) if supported else high
-        clocks = (min(low, high), high)
     limit = target.power_limit_mw if target.power_limit_mw is not None else baseline_limit_mw
+    if cap is not None and (hw_max is None or cap < hw_max):
+        if info.capabilities.sm_clock_lock:
+            supported = info.supported_sm_clocks_mhz
+            high = snap_sm_clock_mhz(cap, supported) if supported else cap
+            low = min(supported) if supported else high
+            clocks = (min(low, high), high)
+        elif hw_max and info.power_limit_max_mw:
+            # No clock locks on this GPU (MIG mode refuses them): the same fraction of its
+            # highest power limit instead, never above a power cap the target also sets.
+            as_power_mw = int(info.power_limit_max_mw * cap / hw_max)
+            limit = as_power_mw if limit is None else min(limit, as_power_mw)
     if limit is not None:
         limit = within(limit, info.power_limit_min_mw, info.power_limit_max_mw)
     return Setting(clocks, limit)
 
 
-def _writes(index: int, want: Setting, have: Setting) -> tuple[GpuWrite, ...]:
+def _writes(
+    index: int, want: Setting, have: Setting, *, can_lock: bool = True
+) -> tuple[GpuWrite, ...]:
+    """The writes from ``have`` to ``want``; none of clocks on a GPU that refuses locks
+    (a refused write would stop the GPU's batch before its power limit)."""
     writes: list[GpuWrite] = []
-    if want.sm_clocks_mhz != have.sm_clocks_mhz:
+    if can_lock and want.sm_clocks_mhz != have.sm_clocks_mhz:
         if want.sm_clocks_mhz is None:
             writes.append(ResetSmClocks(index))
         else:
@@ -182,7 +192,9 @@ class Actuator:
         if drift is not None:
             # Something else (an operator, another tool) changed a limit polca set.
             have = Setting(have.sm_clocks_mhz, drift)
-        return GpuPlan(info.index, info.uuid, want, have, _writes(info.index, want, have), drift)
+        can_lock = info.capabilities.sm_clock_lock
+        writes = _writes(info.index, want, have, can_lock=can_lock)
+        return GpuPlan(info.index, info.uuid, want, have, writes, drift)
 
     def record(
         self, plans: Sequence[GpuPlan], results: Sequence[Sequence[WriteResult]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from polca.assign.model import Origin, Workload
 from polca.gpu.backend import GpuInfo
 
 
@@ -37,13 +38,29 @@ class ClassDwell:
     last waits.
     """
 
-    def __init__(self, dwell_ns: int) -> None:
+    def __init__(self, dwell_ns: int, *, source: str = "mqtt") -> None:
         """Classes of GPUs changing at most once per ``dwell_ns`` (0: at once)."""
         self.dwell_ns = dwell_ns
+        self.source = source
+        """Where assignments come from: ``mqtt``, ``kubernetes`` or ``file``."""
+        self.healthy = True
+        """Whether the source could be read at its last update."""
+        self.reason = ""
+        """Why it could not."""
+        self.origins: dict[str, Origin] = {}  # uuid or index -> where its class came from
+        self.workloads: dict[str, Workload] = {}  # uuid or index -> who holds the GPU
         self.requested: dict[str, str] = {}  # uuid or index -> class (the MQTT assignment)
         self.in_force: dict[int, str] = {}  # index -> class (absent: none assigned)
         self.changed_ns: dict[int, int] = {}  # index -> monotonic ns of its last change
         self.deferred = 0
+
+    def origin(self, info: GpuInfo) -> Origin | None:
+        """Where the class requested for one GPU came from (by UUID, else by index)."""
+        return self.origins.get(info.uuid) or self.origins.get(str(info.index))
+
+    def workload(self, info: GpuInfo) -> Workload | None:
+        """Who holds one GPU, when the source knows."""
+        return self.workloads.get(info.uuid) or self.workloads.get(str(info.index))
 
     def wanted(self, info: GpuInfo) -> str | None:
         """The class requested for one GPU (by UUID, else by index), None if none is."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from polca.agent import ending, messages
 from polca.agent.actuator import Actuator
@@ -38,7 +38,7 @@ from polca.agent.classes import ClassDwell
 from polca.agent.control import Lease
 from polca.agent.fleet import GpuFleet
 from polca.agent.gpu_health import HealthTracker
-from polca.agent.intake import MessageIntake
+from polca.agent.intake import Handled, MessageIntake
 from polca.agent.outbox import Outbox
 from polca.agent.plans import (
     Applied,
@@ -53,6 +53,7 @@ from polca.agent.plans import (
 )
 from polca.agent.step import NodeControl
 from polca.agent.window import TelemetryWindow
+from polca.assign.model import AssignmentUpdate
 from polca.errors import GpuError
 from polca.gpu.backend import GpuHealth, GpuInfo, GpuSample, WriteResult
 from polca.policy import Decision, GpuTarget, LoadedPolicy, PolicyStore
@@ -74,6 +75,7 @@ class AgentCore:
         settings: AgentSettings,
         policy_store: PolicyStore,
         identity: messages.Identity | None = None,
+        assignment_source: Literal["mqtt", "kubernetes", "file"] = "mqtt",
     ) -> None:
         """The core of the node at ``addr``; no GPUs until ``discovered``.
 
@@ -91,7 +93,7 @@ class AgentCore:
         self.fleet = GpuFleet(
             health_every_s=settings.health_every_s, log=self.log, event=self.event
         )
-        self.classes = ClassDwell(int(settings.class_dwell_s * 1e9))
+        self.classes = ClassDwell(int(settings.class_dwell_s * 1e9), source=assignment_source)
         self.intake = MessageIntake(
             addr=addr,
             topics=topics,
@@ -241,6 +243,17 @@ class AgentCore:
             crash_loop=self.crash_loop,
             skew_s=self.intake.skew_s,
             clock_skewed=self.clock_skewed,
+            assignment=messages.AssignmentState(
+                source=self.classes.source,
+                healthy=self.classes.healthy,
+                reason=self.classes.reason,
+                origins=MappingProxyType(
+                    {i: o for i, info in self.infos.items() if (o := self.classes.origin(info))}
+                ),
+                workloads=MappingProxyType(
+                    {i: w for i, info in self.infos.items() if (w := self.classes.workload(info))}
+                ),
+            ),
         )
 
     def lease(self, now_mono_ns: int) -> Lease | None:
@@ -278,6 +291,12 @@ class AgentCore:
             health=self.health.due(now_s),
             log=self.log,
         )
+        mig = {
+            index: tuple(d.uuid for d in info.mig_devices)
+            for index, info in self.infos.items()
+            if info.mig_enabled and info.mig_devices
+        }
+        records = messages.with_assignment(records, snapshot.assignment, mig)
         message, out = messages.telemetry(
             snapshot,
             gpus=records,
@@ -473,6 +492,22 @@ class AgentCore:
             wake=handled.wake,
             policy_copy=handled.policy_copy,
             effects=self._effects(status_line=handled.status_changed),
+        )
+
+    def assign(self, update: AssignmentUpdate, *, now_mono_ns: int, now_ns: int) -> Received:
+        """Take an assignment source's update (Kubernetes, a file): the path the MQTT
+        ``assign`` message takes (``MessageIntake.take_update``); never raises."""
+        try:
+            handled = self.intake.take_update(update, self.infos, now_mono_ns=now_mono_ns)
+        except Exception as exc:  # one update must never end the source's task
+            self.intake.drop_at(
+                now_mono_ns, "internal", topic=f"assignment/{update.source}", detail=repr(exc)
+            )
+            handled = Handled()
+        if handled.status_changed:
+            self.outbox.add(self.status_message("online", now_ns=now_ns))
+        return Received(
+            wake=handled.wake, effects=self._effects(status_line=handled.status_changed)
         )
 
     def policy_rejected(self, problems: Sequence[str], *, now_ns: int) -> Effects:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from polca.agent.classes import ClassDwell
 from polca.agent.control import REFUSED, ControlTracker
 from polca.agent.plans import EventSink, LogBook
+from polca.assign.model import AssignmentUpdate
 from polca.errors import SchemaError
 from polca.gpu.backend import GpuInfo
 from polca.policy import LoadedPolicy, PolicyStore
@@ -108,8 +109,9 @@ class MessageIntake:
         subscriptions = [
             (t.row_control(a.site, a.row), 1),
             (t.rack_control(a.site, a.row, a.rack), 1),
-            (t.node(a, "assign"), 1),
         ]
+        if self.classes.source == "mqtt":  # other sources are not MQTT messages
+            subscriptions.append((t.node(a, "assign"), 1))
         if self.settings.accept_remote_policy:
             subscriptions.append((t.policy(a.site, a.row), 1))
         return subscriptions
@@ -142,9 +144,10 @@ class MessageIntake:
             if not message.payload:  # retained policy cleared: keep what is in force
                 return Handled()
             return self._on_policy_bundle(decode(message.payload, PolicyBundle), message)
-        if message.topic == t.node(a, "assign"):
+        if message.topic == t.node(a, "assign") and self.classes.source == "mqtt":
             if not message.payload:  # retained assignment cleared
-                return self._assign({}, message, infos)
+                update = AssignmentUpdate(source="mqtt", classes={})
+                return self.take_update(update, infos, now_mono_ns=message.received_mono_ns)
             return self._on_assignment(decode(message.payload, Assignment), message, infos)
         self.drops.drop("topic", topic=message.topic, detail="not a topic the agent reads")
         return Handled()
@@ -310,46 +313,72 @@ class MessageIntake:
     def _on_assignment(
         self, assignment: Assignment, message: InMessage, infos: Mapping[int, GpuInfo]
     ) -> Handled:
-        """Check a scheduler's assignment: an unknown class refuses it whole; entries for
-        GPUs this node does not have are dropped (counted once per message as
-        ``unknown_gpu``) and the rest apply."""
+        """A scheduler's assignment, through the one path every source takes."""
+        update = AssignmentUpdate(
+            source="mqtt",
+            classes=assignment.classes,
+            origins=dict.fromkeys(assignment.classes, "mqtt"),
+        )
+        return self.take_update(
+            update, infos, now_mono_ns=message.received_mono_ns, topic=message.topic
+        )
+
+    def take_update(
+        self,
+        update: AssignmentUpdate,
+        infos: Mapping[int, GpuInfo],
+        *,
+        now_mono_ns: int,
+        topic: str = "",
+    ) -> Handled:
+        """Take one source's assignment: an unknown class refuses it whole; entries for
+        GPUs this node does not have are dropped (counted once per update as
+        ``unknown_gpu``) and the rest are asked of ``ClassDwell``: each GPU's change
+        applies at the next decision, or waits for its dwell; held-back changes are logged
+        at most once per ``REPORT_EVERY_S``. A change of the source's health changes the
+        node's status."""
+        self._now_s = now_mono_ns / 1e9
+        topic = topic or f"assignment/{update.source}"
         declared = set(self.policy.policy.classes)
-        unknown = sorted(set(assignment.classes.values()) - declared)
+        unknown = sorted(set(update.classes.values()) - declared)
         if unknown:
             self.drops.drop(
                 "unknown_class",
-                topic=message.topic,
+                topic=topic,
                 detail=f"unknown priority classes {unknown[:8]}; policy declares "
                 f"{sorted(declared)}",
             )
             return Handled()
         known = {info.uuid for info in infos.values()} | {str(i) for i in infos}
-        strangers = sorted(key for key in assignment.classes if key not in known)
+        strangers = sorted(key for key in update.classes if key not in known)
         if strangers:
             self.drops.drop(
                 "unknown_gpu",
-                topic=message.topic,
+                topic=topic,
                 detail=f"{len(strangers)} assignment entries name no GPU of this node "
                 f"(by UUID or index), e.g. {strangers[:2]}; the others apply",
             )
-        classes = {key: cls for key, cls in assignment.classes.items() if key in known}
-        return self._assign(classes, message, infos)
-
-    def _assign(
-        self, classes: Mapping[str, str], message: InMessage, infos: Mapping[int, GpuInfo]
-    ) -> Handled:
-        """Ask for ``classes``: each GPU's change applies at the next decision, or waits
-        for its dwell; held-back changes are logged at most once per ``REPORT_EVERY_S``."""
-        now = message.received_mono_ns
-        self.log.debug("priority_assignment_received", classes=dict(classes))
-        held = self.classes.request(classes, infos.values(), now)
-        if held and self._reports.admit("priority_change_deferred", now / 1e9) is not None:
+        classes = {key: cls for key, cls in update.classes.items() if key in known}
+        book = self.classes
+        health_changed = (book.healthy, book.reason) != (update.healthy, update.reason)
+        if health_changed:
+            (self.log.info if update.healthy else self.log.warning)(
+                "assignment_source_healthy" if update.healthy else "assignment_source_failed",
+                source=update.source,
+                reason=update.reason,
+            )
+        book.healthy, book.reason = update.healthy, update.reason
+        book.origins = {k: v for k, v in update.origins.items() if k in classes}
+        book.workloads = {k: v for k, v in update.workloads.items() if k in classes}
+        self.log.debug("priority_assignment_received", classes=dict(classes), source=update.source)
+        held = book.request(classes, infos.values(), now_mono_ns)
+        if held and self._reports.admit("priority_change_deferred", now_mono_ns / 1e9) is not None:
             self.log.info(
                 "priority_change_deferred",
                 gpus=held,
-                deferred=self.classes.deferred - self._deferred_logged,
-                total=self.classes.deferred,
+                deferred=book.deferred - self._deferred_logged,
+                total=book.deferred,
                 dwell_s=self.settings.class_dwell_s,
             )
-            self._deferred_logged = self.classes.deferred
-        return Handled(wake=True)
+            self._deferred_logged = book.deferred
+        return Handled(wake=True, status_changed=health_changed)

@@ -12,11 +12,14 @@ nothing imports the core (``core.py`` imports this module, not the other way rou
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import ValidationError
 
 from polca import __version__
 from polca.agent.control import Lease
+from polca.assign.model import Workload
 from polca.policy import Decision, GpuTarget
 from polca.telemetry.bus import BusStats, OutMessage
 from polca.telemetry.schema import (
@@ -27,6 +30,7 @@ from polca.telemetry.schema import (
     State,
     Status,
     Telemetry,
+    WorkloadRef,
     encode,
 )
 from polca.telemetry.topics import NodeAddress, Topics
@@ -39,6 +43,18 @@ class Identity:
     backend: str
     observe_only: bool
     started_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentState:
+    """Where the node's GPU classes come from, and for each GPU where its class came from
+    and who holds it (by GPU index)."""
+
+    source: str = "mqtt"
+    healthy: bool = True
+    reason: str = ""
+    origins: Mapping[int, str] = field(default_factory=dict)
+    workloads: Mapping[int, Workload] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +80,7 @@ class NodeSnapshot:
     crash_loop: str | None
     skew_s: float | None
     clock_skewed: bool
+    assignment: AssignmentState = field(default_factory=AssignmentState)
 
     @property
     def level(self) -> int:
@@ -105,6 +122,9 @@ def status(
         started_ns=identity.started_ns,
         reason=reason if reason is not None or state == "offline" else snapshot.crash_loop,
         clock_skew_s=snapshot.skew_s if snapshot.clock_skewed else None,
+        assignment_source=snapshot.assignment.source,
+        assignment_healthy=snapshot.assignment.healthy,
+        assignment_reason=snapshot.assignment.reason[:256] or None,
     )
     topic = snapshot.topics.node(snapshot.addr, "status")
     return OutMessage(topic, encode(message), qos=1, retain=True)
@@ -208,6 +228,36 @@ class Health:
         )
         call_p99_ms = round(gpu_call_p99_s * 1000, 3) if gpu_call_p99_s is not None else None
         return cls(ticks, tick_p99_ms, call_p99_ms, bus, rejected, gpu_errors)
+
+
+def with_assignment(
+    records: Sequence[GpuTelemetry],
+    assignment: AssignmentState,
+    mig: Mapping[int, tuple[str, ...]] | None = None,
+) -> list[GpuTelemetry]:
+    """The GPUs' records with where each one's class came from, who holds it and its MIG
+    devices; a workload whose names do not fit the wire is left out (the class stays)."""
+    out: list[GpuTelemetry] = []
+    mig = mig or {}
+    for record in records:
+        origin = assignment.origins.get(record.index)
+        workload = assignment.workloads.get(record.index)
+        instances = mig.get(record.index, ())[:16]
+        if instances:
+            record = record.model_copy(update={"mig_instances": instances})  # noqa: PLW2901
+        if origin is None and workload is None:
+            out.append(record)
+            continue
+        ref = None
+        if workload is not None:
+            try:
+                ref = WorkloadRef(
+                    namespace=workload.namespace, pod=workload.pod, container=workload.container
+                )
+            except ValidationError:
+                ref = None
+        out.append(record.model_copy(update={"class_origin": origin, "workload": ref}))
+    return out
 
 
 def telemetry(

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from polca.agent.control import Lease
 from polca.agent.messages import NodeSnapshot
-from polca.export.gpus import gpu_health_points, gpu_points
+from polca.export.gpus import gpu_health_points, gpu_points, gpu_workload_points
 from polca.export.points import AnyPoint, make_point
 from polca.telemetry.schema import GpuHealthReport, Telemetry
 
@@ -37,6 +37,7 @@ def agent_points(
     addr = snapshot.addr
     out: list[AnyPoint] = list(gpu_points(message, site=site, row=addr.row, rack=addr.rack))
     out.extend(gpu_health_points(message, site=site, row=addr.row, rack=addr.rack, health=health))
+    out.extend(gpu_workload_points(message, site=site, row=addr.row, rack=addr.rack))
     ts_ns = message.ts_ns
     node_tags = {"site": site, "row": addr.row, "rack": addr.rack, "node": addr.node}
     for target in snapshot.targets:

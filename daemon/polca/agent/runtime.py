@@ -33,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any
 
 import structlog
 
@@ -45,6 +46,7 @@ from polca.agent.gpus import NodeGpus
 from polca.agent.plans import Effects
 from polca.agent.points import agent_points
 from polca.agent.window import TelemetryWindow
+from polca.assign.model import AssignmentUpdate
 from polca.errors import GpuError
 from polca.exits import ExitRecord
 from polca.export.sink import FanOut, Sink
@@ -88,6 +90,7 @@ class Agent:
             settings=a,
             policy_store=policy_store,
             identity=messages.Identity(settings.gpu.backend, a.observe_only, clock_ns()),
+            assignment_source=settings.assignment.source,
         )
         gpu = ThreadedGpu(backend, call_timeout_s=settings.gpu.call_timeout_s)
         self.gpus = NodeGpus(gpu, state_dir=a.state_dir, observe_only=a.observe_only, log=self.log)
@@ -184,6 +187,7 @@ class Agent:
                     first_after_s=a.publish_interval_s,
                 ),
                 **({"sinks": self.sinks.run()} if self.sinks else {}),
+                **self._assignment_tasks(),
                 **service.side_tasks(
                     policy_file=a.policy_file,
                     debounce_s=a.policy_reload_debounce_s,
@@ -364,6 +368,65 @@ class Agent:
         self._carry_out(received.effects)
         if received.wake:
             self._wake.set()
+
+    # ------------------------------------------------------------------ assignment
+
+    def assigned(self, update: AssignmentUpdate) -> None:
+        """Take an assignment source's update (the MQTT one comes as a message)."""
+        received = self.core.assign(update, now_mono_ns=self.mono_ns(), now_ns=self.clock_ns())
+        self._carry_out(received.effects)
+        if received.wake:
+            self._wake.set()
+
+    def _assignment_tasks(self) -> dict[str, Coroutine[Any, Any, object]]:
+        """The task of the configured assignment source (none for MQTT: messages)."""
+        source = self.settings.assignment
+        if source.source == "kubernetes":
+            return {"assignment": self._kubernetes_assignment()}
+        if source.source == "file" and source.file is not None:
+            from polca.assign.filesource import watch_assignment  # noqa: PLC0415
+
+            return {
+                "assignment": watch_assignment(
+                    source.file,
+                    self.core.addr.node,
+                    self.assigned,
+                    debounce_s=self.settings.agent.policy_reload_debounce_s,
+                )
+            }
+        return {}
+
+    async def _kubernetes_assignment(self) -> None:
+        """Pod-resources and the pods' metadata, joined every refresh (``assign/``)."""
+        from polca.assign.kubeapi import KubeApiConfig, PodWatcher  # noqa: PLC0415
+        from polca.assign.kubernetes import KubernetesSource, node_name_of  # noqa: PLC0415
+        from polca.assign.podresources import PodResourcesClient  # noqa: PLC0415
+        from polca.assign.rules import Classes, gpu_keys  # noqa: PLC0415
+
+        k = self.settings.assignment.kubernetes
+        in_cluster = k.api_url is None
+        api = KubeApiConfig(
+            in_cluster=in_cluster,
+            api_url=k.api_url,
+            token_file=None if in_cluster else k.token_file,
+            ca_file=None if in_cluster else k.ca_file,
+            allow_http=k.allow_http,
+        )
+        source = KubernetesSource(
+            k,
+            devices=PodResourcesClient(
+                k.pod_resources_socket, resource_prefixes=k.resource_prefixes
+            ),
+            pods=PodWatcher(node_name_of(k), api),
+        )
+
+        def classes() -> Classes:
+            policy = self.core.policy.policy
+            return Classes(tuple(policy.classes), policy.default_class)
+
+        await source.run(
+            self.assigned, gpus=lambda: gpu_keys(self.core.infos.values()), classes=classes
+        )
 
     # ------------------------------------------------------------------ policy
 

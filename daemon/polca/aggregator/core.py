@@ -112,7 +112,7 @@ class AggregatorCore:
             limits=s.intake,
         )
         self.leadership = Leadership.standby() if s.ha.enabled else Leadership()
-        self.thinning = Thinning(s.influx.write_every_s)
+        self.thinning = Thinning(s.influx.write_every_s, workload_series=s.influx.workload_series)
         self._step_s = 0.0  # the time of the step running: the failure log's pace
         self.step_failures = DropLog(
             "control_step_failed", every_s=60.0, logger=log, clock=lambda: self._step_s

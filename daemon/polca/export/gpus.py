@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from polca.export.points import LineTemplate, SeriesPoint
+from polca.export.points import LineTemplate, Point, SeriesPoint, make_point
 from polca.export.schema import SCHEMA
 from polca.telemetry.schema import GpuHealthReport, Telemetry
 
@@ -70,6 +70,38 @@ def gpu_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[
         )
         for gpu in telemetry.gpus
     ]
+
+
+def gpu_workload_points(telemetry: Telemetry, *, site: str, row: str, rack: str) -> list[Point]:
+    """One ``gpu_workload`` point (``assigned`` 1.0) per GPU whose runtime class has an
+    origin: its class, where it came from, and the namespace, pod and container holding
+    it (empty when none). An info series: its tags are the news, one per GPU and pod."""
+    out: list[Point] = []
+    for gpu in telemetry.gpus:
+        if gpu.class_origin is None:
+            continue
+        workload = gpu.workload
+        out.append(
+            make_point(
+                "gpu_workload",
+                ts_ns=telemetry.ts_ns,
+                tags={
+                    "site": site,
+                    "row": row,
+                    "rack": rack,
+                    "node": telemetry.node,
+                    "gpu_uuid": gpu.uuid,
+                    "gpu_index": _INDEX_TEXT[gpu.index],
+                    "class": gpu.priority_class or "",
+                    "class_origin": gpu.class_origin,
+                    "namespace": workload.namespace if workload else "",
+                    "pod": workload.pod if workload else "",
+                    "container": workload.container if workload else "",
+                },
+                fields={"assigned": 1.0},
+            )
+        )
+    return out
 
 
 _HEALTH_FIELDS: Final = tuple(SCHEMA["gpu_health"].fields)

@@ -313,6 +313,13 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "polca_aggregator_control_step_failures_total",
         "Control steps that raised and published nothing (retried the next interval).",
     ),
+    _f(
+        "gpu_workload",
+        "assigned",
+        "polca_gpu_workload_info",
+        "1 for each GPU's runtime class, where it came from (class_origin) and the "
+        "namespace, pod and container holding it.",
+    ),
     # Per node with a BMC, from the aggregator's out-of-band writes.
     _f("oob", "caps", "polca_oob_caps_total", "Out-of-band caps written and verified."),
     _f("oob", "releases", "polca_oob_releases_total", "Out-of-band caps lifted and verified."),

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final, Protocol, TypeVar
 
 from polca.export import gpus
-from polca.export.points import SeriesPoint
+from polca.export.points import AnyPoint
 from polca.settings import Thinnable
 from polca.telemetry.schema import Telemetry
 
@@ -86,28 +86,40 @@ _P = TypeVar("_P", bound=_Measured)
 class Thinning:
     """The aggregator's write intervals, applied to a node's telemetry and a step's points."""
 
-    def __init__(self, every_s: Mapping[Thinnable, float] | Mapping[str, float]) -> None:
-        """Intervals as in ``WriteSchedule`` (``influx.write_every_s``); nothing written yet."""
+    def __init__(
+        self,
+        every_s: Mapping[Thinnable, float] | Mapping[str, float],
+        *,
+        workload_series: bool = False,
+    ) -> None:
+        """Intervals as in ``WriteSchedule`` (``influx.write_every_s``); nothing written
+        yet. ``workload_series`` adds the ``gpu_workload`` points to the ``gpu`` batch."""
         self.schedule = WriteSchedule(every_s)
         self.health_backlog = gpus.HealthBacklog()
+        self.workload_series = workload_series
 
     def telemetry_batches(
         self, telemetry: Telemetry, *, node: str, site: str, row: str, rack: str, now_s: float
-    ) -> list[list[SeriesPoint]]:
+    ) -> list[list[AnyPoint]]:
         """The batches of points one node's telemetry message writes now (each a write).
 
         Its ``gpu_health`` points when the node's health interval has passed (with the
         counters that waited for it; counters that came sooner wait in the backlog, never
         lost), then its ``gpu`` points when the node's ``gpu`` interval has passed.
         """
-        batches: list[list[SeriesPoint]] = []
+        batches: list[list[AnyPoint]] = []
         if self.health_backlog.add(telemetry) and self.schedule.due("gpu_health", node, now_s):
             health = self.health_backlog.take(node)
             batches.append(
-                gpus.gpu_health_points(telemetry, site=site, row=row, rack=rack, health=health)
+                list(
+                    gpus.gpu_health_points(telemetry, site=site, row=row, rack=rack, health=health)
+                )
             )
         if self.schedule.due("gpu", node, now_s):
-            batches.append(gpus.gpu_points(telemetry, site=site, row=row, rack=rack))
+            batch: list[AnyPoint] = list(gpus.gpu_points(telemetry, site=site, row=row, rack=rack))
+            if self.workload_series:
+                batch.extend(gpus.gpu_workload_points(telemetry, site=site, row=row, rack=rack))
+            batches.append(batch)
         return batches
 
     def step_points(self, points: Sequence[_P], now_s: float) -> list[_P]:

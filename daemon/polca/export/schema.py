@@ -131,6 +131,22 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
         ),
         fields=_floats("sm_clock_max_mhz", "power_limit_w", "applied"),
     ),
+    "gpu_workload": MeasurementSchema(
+        tags=(
+            "site",
+            "row",
+            "rack",
+            "node",
+            "gpu_uuid",
+            "gpu_index",
+            "class",
+            "class_origin",
+            "namespace",
+            "pod",
+            "container",
+        ),
+        fields=_floats("assigned"),
+    ),
     "agent": MeasurementSchema(
         tags=("site", "row", "rack", "node"),
         fields={
@@ -329,7 +345,7 @@ when they alone exceed the bounds. A measurement in neither set (not in ``SCHEMA
 bulk; a test checks that the two sets split ``SCHEMA``."""
 
 BULK_MEASUREMENTS: Final[frozenset[str]] = frozenset(
-    {"gpu", "gpu_cap", "gpu_health", "agent", "event"}
+    {"gpu", "gpu_cap", "gpu_health", "gpu_workload", "agent", "event"}
 )
 """Per-GPU and per-node-report measurements whose volume the nodes control; evicted first.
 

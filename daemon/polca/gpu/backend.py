@@ -65,8 +65,37 @@ class Capabilities:
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device of a physical GPU: a compute instance inside a GPU instance.
+
+    Its identity is ``uuid`` (``MIG-...``, what CUDA_VISIBLE_DEVICES and the Kubernetes device
+    plugin hand to workloads). A MIG device has no power limit, clocks or temperature of its
+    own: those belong to the parent GPU (``parent_index``/``parent_uuid``), which is what
+    polca samples and caps.
+    """
+
+    uuid: str
+    parent_index: int
+    parent_uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    # The MIG profile, e.g. "1g.10gb" or "3g.40gb" (from the MIG device's NVML name); None
+    # when the driver does not name it.
+    profile: str | None = None
+    memory_mib: int | None = None  # memory of its GPU instance (shared by its compute instances)
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
-    """Static identity and constraints of one GPU (identity is the UUID, not the index)."""
+    """Static identity and constraints of one GPU (identity is the UUID, not the index).
+
+    MIG: ``mig_enabled`` is the GPU's current MIG mode (what the driver enforces now);
+    ``mig_pending`` is the mode after the next GPU reset; ``mig_supported`` is False on GPUs
+    without MIG. While MIG is enabled the GPU refuses clock control, so
+    ``capabilities.sm_clock_lock`` is False and power limits (on this, the parent GPU) are
+    the only cap. ``mig_devices`` are the MIG devices found at discovery (they can be
+    created and destroyed without a reset: ``MigReader.mig_devices`` reads them again).
+    """
 
     index: int
     uuid: str
@@ -80,6 +109,10 @@ class GpuInfo:
     mem_clock_max_mhz: int | None = None
     # Valid SM clock values for lock calls, highest first; empty when unknown.
     supported_sm_clocks_mhz: tuple[int, ...] = field(default=())
+    mig_supported: bool = False
+    mig_enabled: bool = False
+    mig_pending: bool = False
+    mig_devices: tuple[MigDevice, ...] = field(default=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +216,41 @@ class GpuBackend(Protocol):
     def close(self) -> None:
         """Release the library; idempotent."""
         ...
+
+
+@runtime_checkable
+class MigReader(Protocol):
+    """A backend that can list the MIG devices of a GPU now (an optional extension).
+
+    Not part of ``GpuBackend``: backends without MIG (the simulator) need not implement it;
+    use ``read_mig_devices``, which answers ``()`` for them.
+    """
+
+    def mig_devices(self, index: int) -> tuple[MigDevice, ...]:
+        """The MIG devices of GPU ``index`` now; ``()`` when MIG is off or unsupported."""
+        ...
+
+
+def read_mig_devices(backend: GpuBackend, index: int) -> tuple[MigDevice, ...]:
+    """The MIG devices of GPU ``index`` through ``backend``; ``()`` if it has no MIG reader.
+
+    Synchronous (it may call the driver): run it on the GPU thread, e.g.
+    ``await gpu.run(read_mig_devices, gpu.backend, index)``.
+    """
+    if isinstance(backend, MigReader):
+        return backend.mig_devices(index)
+    return ()
+
+
+def mig_parent(infos: Sequence[GpuInfo], uuid: str) -> GpuInfo | None:
+    """The GPU that holds the MIG device ``uuid`` (as discovered), or None if none does.
+
+    A plain GPU UUID maps to that GPU, so callers can resolve either kind of device id.
+    """
+    for info in infos:
+        if info.uuid == uuid or any(mig.uuid == uuid for mig in info.mig_devices):
+            return info
+    return None
 
 
 # --- writes, as data -------------------------------------------------------------------

@@ -17,12 +17,19 @@ What it does, and what it must not do:
 - It clamps and snaps nothing: limits and clocks are passed to NVML as given. Policy about
   allowed values lives in the actuator (see ``polca.gpu.clocks`` for snapping).
 - It holds no lock and starts no thread: ``ThreadedGpu`` runs it on one worker thread.
+- MIG: power, clocks and limits belong to the physical GPU, so every GPU is sampled and
+  capped through its own (parent) handle, MIG or not. ``discover()`` reads the MIG mode
+  (a GPU without MIG answers NOT_SUPPORTED: ``mig_supported`` False) and, while MIG is
+  enabled, lists the MIG devices (at most ``GetMaxMigDeviceCount`` of them) into
+  ``GpuInfo.mig_devices`` and reports ``sm_clock_lock`` False: NVML refuses clock control
+  on a MIG-enabled GPU, and power limits on the parent are the cap that remains.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +48,7 @@ from polca.errors import (
     GpuPermissionError,
     GpuTransientError,
 )
-from polca.gpu.backend import Capabilities, GpuHealth, GpuInfo, GpuSample
+from polca.gpu.backend import Capabilities, GpuHealth, GpuInfo, GpuSample, MigDevice
 
 T = TypeVar("T")
 
@@ -73,6 +80,15 @@ HEALTH_FIELDS: Final[Mapping[int, str]] = {
 XID_EVENT: Final = pynvml.nvmlEventTypeXidCriticalError
 MAX_EVENTS_PER_READ: Final = 1024
 """XID events taken from the event set per ``health()`` call at most (a storm waits)."""
+
+MAX_MIG_DEVICES: Final = 16
+"""MIG device indices read per GPU at most, whatever the driver reports (7 on A100/H100/B200)."""
+MIG_CLOCK_HINT: Final = (
+    "MIG mode is enabled on this GPU and NVML refuses clock control on MIG-enabled GPUs: "
+    "cap its power limit instead (it applies to the whole GPU, every MIG device included), "
+    "or disable MIG (nvidia-smi -i <gpu> -mig 0, then a GPU reset)."
+)
+_MIG_PROFILE: Final = re.compile(r"(?:^|\s)MIG\s+(\S.*)$")
 
 PERMISSION_FIX: Final = (
     "Setting power limits and locking clocks needs root or CAP_SYS_ADMIN. Fix one of: run "
@@ -304,6 +320,8 @@ class NvmlBackend:
             pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM, index=index
         )
         supported = self._supported_sm_clocks(handle, index)
+        mig_supported, mig_enabled, mig_pending = self._mig_mode(handle, index)
+        mig_devices = self._read_mig_devices(handle, index, uuid) if mig_enabled else ()
         capabilities = Capabilities(
             power_instant=power_instant,
             power_average=FIELD_POWER_AVERAGE in fields,
@@ -327,7 +345,10 @@ class NvmlBackend:
             # Writes cannot be probed without writing: assume them where the matching
             # reads work; a write the GPU refuses raises GpuNotSupportedError then.
             power_limit_write=limit_read and constraints is not None,
-            sm_clock_lock=sm_clock and (bool(supported) or sm_max_mhz is not None),
+            # A MIG-enabled GPU refuses clock locks (NOT_SUPPORTED): power limits only.
+            sm_clock_lock=not mig_enabled
+            and sm_clock
+            and (bool(supported) or sm_max_mhz is not None),
         )
         info = GpuInfo(
             index=index,
@@ -341,7 +362,20 @@ class NvmlBackend:
             sm_clock_max_mhz=None if sm_max_mhz is None else int(sm_max_mhz),
             mem_clock_max_mhz=None if mem_max_mhz is None else int(mem_max_mhz),
             supported_sm_clocks_mhz=supported,
+            mig_supported=mig_supported,
+            mig_enabled=mig_enabled,
+            mig_pending=mig_pending,
+            mig_devices=mig_devices,
         )
+        if mig_enabled or mig_pending:
+            self._log.info(
+                "gpu_mig",
+                gpu=index,
+                uuid=uuid,
+                enabled=mig_enabled,
+                pending=mig_pending,
+                devices=[f"{mig.uuid} {mig.profile}" for mig in mig_devices],
+            )
         unsupported = [name for name, ok in _capability_items(capabilities) if not ok]
         if unsupported:
             self._log.info("gpu_capabilities", gpu=index, uuid=uuid, unsupported=unsupported)
@@ -353,6 +387,80 @@ class NvmlBackend:
             energy_from_counter=energy_from_counter,
             health_fields=self._probe_fields(handle, index, HEALTH_FIELDS),
         )
+
+    def _mig_mode(self, handle: Any, index: int) -> tuple[bool, bool, bool]:
+        """(supported, enabled now, enabled after the next reset) of GPU ``index``.
+
+        NOT_SUPPORTED (a GPU without MIG) or a missing symbol (an old driver) is "no MIG".
+        A failure that may pass is logged and read as MIG off, so clock locks are still
+        tried (and refused by the driver if MIG is on after all).
+        """
+        try:
+            current, pending = _call(pynvml.nvmlDeviceGetMigMode, handle, index=index)
+        except _UNAVAILABLE:
+            return False, False, False
+        except GpuTransientError as exc:
+            self._log.warning("gpu_mig_mode_unknown", gpu=index, error=str(exc))
+            return False, False, False
+        enabled = pynvml.NVML_DEVICE_MIG_ENABLE
+        return True, int(current) == enabled, int(pending) == enabled
+
+    def _read_mig_devices(self, handle: Any, index: int, parent_uuid: str) -> tuple[MigDevice, ...]:
+        """The MIG devices under GPU ``index``, by MIG device index (bounded).
+
+        An index without a compute instance (NOT_FOUND) is skipped; so is a MIG device that
+        vanishes while it is read (instances come and go without a GPU reset). A lost GPU
+        or an unusable library propagates.
+        """
+        count = self._optional(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle, index=index)
+        devices: list[MigDevice] = []
+        for slot in range(min(int(count or 0), MAX_MIG_DEVICES)):
+            try:
+                mig = _call(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot, index=index)
+                device = self._mig_device(mig, index, parent_uuid)
+            except (GpuLostError, GpuLibraryError):
+                raise
+            except GpuError as exc:
+                if exc.code != pynvml.NVML_ERROR_NOT_FOUND:
+                    self._log.warning("mig_device_unreadable", gpu=index, slot=slot, error=str(exc))
+                continue
+            if device is not None:
+                devices.append(device)
+        return tuple(devices)
+
+    def _mig_device(self, mig: Any, index: int, parent_uuid: str) -> MigDevice | None:
+        """One MIG device from its handle; None when NVML names another parent."""
+        uuid = str(_call(pynvml.nvmlDeviceGetUUID, mig, index=index))
+        parent = self._optional(
+            pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, mig, index=index
+        )
+        if parent is not None:
+            seen = str(_call(pynvml.nvmlDeviceGetUUID, parent, index=index))
+            if seen != parent_uuid:
+                self._log.warning("mig_device_elsewhere", gpu=index, mig=uuid, parent=seen)
+                return None
+        name = self._optional(pynvml.nvmlDeviceGetName, mig, index=index)
+        memory = self._optional(pynvml.nvmlDeviceGetMemoryInfo, mig, index=index)
+        return MigDevice(
+            uuid=uuid,
+            parent_index=index,
+            parent_uuid=parent_uuid,
+            gpu_instance_id=int(_call(pynvml.nvmlDeviceGetGpuInstanceId, mig, index=index)),
+            compute_instance_id=int(_call(pynvml.nvmlDeviceGetComputeInstanceId, mig, index=index)),
+            profile=_mig_profile(None if name is None else str(name)),
+            memory_mib=None if memory is None else int(memory.total) // (1024 * 1024),
+        )
+
+    def mig_devices(self, index: int) -> tuple[MigDevice, ...]:
+        """The MIG devices of GPU ``index`` now (``MigReader``); ``()`` when MIG is off.
+
+        MIG devices can be created and destroyed while the GPU stays in MIG mode, so this
+        reads them again; the MIG mode itself changes only with a GPU reset (rediscover).
+        """
+        gpu = self._gpu(index)
+        if not gpu.info.mig_enabled:
+            return ()
+        return self._read_mig_devices(gpu.handle, index, gpu.info.uuid)
 
     def _register_xid_events(self, gpus: Mapping[int, _Gpu]) -> None:
         """One event set for every GPU that reports XID errors (none: XIDs stay None)."""
@@ -612,15 +720,13 @@ class NvmlBackend:
     def lock_sm_clocks_mhz(self, index: int, min_mhz: int, max_mhz: int) -> None:
         """Lock the SM clock of GPU ``index`` into [min_mhz, max_mhz]."""
         gpu = self._gpu(index)
-        _call(
-            pynvml.nvmlDeviceSetGpuLockedClocks, gpu.handle, int(min_mhz), int(max_mhz), index=index
-        )
+        _clock_call(gpu, pynvml.nvmlDeviceSetGpuLockedClocks, int(min_mhz), int(max_mhz))
         gpu.locked_sm_clocks_mhz = (int(min_mhz), int(max_mhz))
 
     def reset_sm_clocks(self, index: int) -> None:
         """Remove any SM clock lock on GPU ``index``."""
         gpu = self._gpu(index)
-        _call(pynvml.nvmlDeviceResetGpuLockedClocks, gpu.handle, index=index)
+        _clock_call(gpu, pynvml.nvmlDeviceResetGpuLockedClocks)
         gpu.locked_sm_clocks_mhz = None
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -651,6 +757,26 @@ class NvmlBackend:
             msg = "NVML backend is not open: call discover() first"
             raise GpuLibraryError(msg, code=pynvml.NVML_ERROR_UNINITIALIZED)
         return self._gpus
+
+
+def _clock_call(gpu: _Gpu, fn: Callable[..., Any], *args: Any) -> None:
+    """A clock write on ``gpu``; on a MIG-enabled GPU a refusal says why and what to do."""
+    index = gpu.info.index
+    try:
+        _call(fn, gpu.handle, *args, index=index)
+    except GpuNotSupportedError as exc:
+        if not gpu.info.mig_enabled:
+            raise
+        msg = f"{exc}. {MIG_CLOCK_HINT}"
+        raise GpuNotSupportedError(msg, index=index, code=exc.code) from exc
+
+
+def _mig_profile(name: str | None) -> str | None:
+    """The profile in a MIG device's name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb")."""
+    if name is None:
+        return None
+    found = _MIG_PROFILE.search(name.strip())
+    return found.group(1) if found else None
 
 
 def _int(value: Any) -> int | None:

@@ -114,6 +114,22 @@ class GpuHealthReport(BaseModel):
     sw_thermal_slowdown_s: float | None = Field(None, ge=0, le=1e12)
 
 
+class WorkloadRef(BaseModel):
+    """The workload holding a GPU: a Kubernetes pod's namespace, name and container."""
+
+    model_config = _CONFIG
+
+    namespace: str = Field(max_length=63)
+    pod: str = Field(max_length=253)
+    container: str = Field("", max_length=63)
+
+
+ClassOrigin = Literal[
+    "mqtt", "file", "annotation", "priority", "namespace", "default", "idle", "fallback"
+]
+"""Where a GPU's runtime class came from (``polca.assign.model.Origin``)."""
+
+
 class GpuTelemetry(BaseModel):
     """One GPU over one publish interval (min/mean/max over the samples taken)."""
 
@@ -123,6 +139,13 @@ class GpuTelemetry(BaseModel):
     uuid: _Name
     name: str = Field(max_length=128)
     priority_class: _Name | None = None
+    class_origin: ClassOrigin | None = Field(
+        None, description="Where the GPU's runtime class came from (none: the policy's map)."
+    )
+    workload: WorkloadRef | None = Field(None, description="Who holds the GPU, when known.")
+    mig_instances: tuple[_Name, ...] = Field(
+        (), max_length=16, description="MIG mode: the UUIDs of its MIG devices (caps stay here)."
+    )
     state: Literal["ok", "lost", "error"] = "ok"
     samples: _Count = Field(0, description="Samples aggregated into this message.")
     power_w: _Watts | None = Field(None, description="Last instantaneous power.")
@@ -218,6 +241,15 @@ class Status(_Wire):
         ge=-1e9,
         le=1e9,
         description="Clock skew against the controller, when beyond the tolerance.",
+    )
+    assignment_source: Literal["mqtt", "kubernetes", "file"] | None = Field(
+        None, description="An agent: where its GPUs' classes come from."
+    )
+    assignment_healthy: bool | None = Field(
+        None, description="An agent: whether that source can be read (else: the fallback)."
+    )
+    assignment_reason: str | None = Field(
+        None, max_length=256, description="An agent: why its assignment source is unhealthy."
     )
     shard: str | None = Field(
         None, max_length=256, description="An aggregator elected on etcd: its shard."
