@@ -107,7 +107,8 @@ def test_the_fallback_puts_every_gpu_in_the_class_capped_first() -> None:
 def test_freshness_holds_the_map_for_the_grace_then_falls_back() -> None:
     fresh = Freshness(grace_s=30.0, started_s=100.0)
     assert fresh.stale(120.0) is None  # before the first read: the grace from the start
-    assert "never read" in (fresh.stale(131.0) or "")
+    assert fresh.stale(131.0) == "pod-resources unreadable for more than 30 s (never read)"
+    assert fresh.stale(140.0) == fresh.stale(131.0)  # one reason for the whole outage
     fresh.devices_ok_s = fresh.pods_ok_s = 131.0
     assert fresh.stale(160.0) is None
     fresh.pods_ok_s = 165.0

@@ -98,8 +98,9 @@ class Freshness:
         ):
             since = ok_s if ok_s is not None else self.started_s
             if now_s - since > self.grace_s:
+                # No elapsed time in it: the reason is compared to report a change once.
                 never = " (never read)" if ok_s is None else ""
-                return f"{what} unreadable for {now_s - since:.0f} s{never}"
+                return f"{what} unreadable for more than {self.grace_s:g} s{never}"
         return None
 
 
