@@ -177,3 +177,35 @@ async def test_probe_without_pdus_says_why(
     standin = standin_factory(devices=["cdu:cdu1"])
     with pytest.raises(ConfigError, match="no usable power"):
         await probe(standin.url)
+
+
+@pytest.mark.parametrize(
+    ("device", "kind"),
+    [("bmc:node1:controls", "sensor"), ("bmc:node1:legacy", "PowerConsumedWatts")],
+)
+async def test_a_chassis_power_is_read_from_its_sensor_or_its_legacy_power(
+    standin_factory: Callable[..., RedfishStandIn], tmp_path: Path, device: str, kind: str
+) -> None:
+    """``resource: chassis``: a chassis's power sensor (ReadingType Power, for the chassis
+    as a whole), else its legacy Power resource; the server's draw (900 W) either way."""
+    standin = standin_factory(devices=[device], username=USERNAME, password=PASSWORD)
+    source = source_for(standin, tmp_path, resource="chassis", chassis="node1")
+    try:
+        reading = await source.read()
+        assert reading.power_w == pytest.approx(900.0)
+        assert "chassis node1" in reading.detail
+        assert kind in reading.detail
+    finally:
+        await source.close()
+    missing = source_for(standin, tmp_path, resource="chassis", chassis="node9")
+    try:
+        with pytest.raises(ConfigError, match="no chassis 'node9'"):
+            await missing.read()
+    finally:
+        await missing.close()
+    without_id = source_for(standin, tmp_path, resource="chassis")
+    try:
+        with pytest.raises(ConfigError, match="needs a chassis id"):
+            await without_id.read()
+    finally:
+        await without_id.close()
