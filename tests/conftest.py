@@ -15,6 +15,9 @@ from tests.fake_nvml.plugin import fake_nvml, fake_nvml_lib
 from tests.mqtt_broker import mosquitto, mosquitto_factory
 from tests.tsdb import influxdb1, victoria_metrics
 
+# The Redfish stand-in's fixtures (tests/redfish, tests/bmc, tests/meter use them).
+pytest_plugins = ["tests.standins.fixtures"]
+
 __all__ = [
     "etcd",
     "fake_nvml",

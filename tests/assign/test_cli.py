@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from polca.assign.cli import Change, assign
+from polca.assign.publish import Change, assign
 from polca.settings import MqttSettings
 from polca.telemetry.schema import Assignment, Status, decode, encode
 from polca.telemetry.topics import NodeAddress, Topics

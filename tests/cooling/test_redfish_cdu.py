@@ -24,10 +24,8 @@ from polca.telemetry.topics import Topics
 from tests.cooling.test_cli import ENTRY, listen, run_polca, settle
 from tests.mqtt_broker import MosquittoProcess
 from tests.services import free_port
-from tests.standins.fixtures import PASSWORD, USERNAME, standin_factory
+from tests.standins.fixtures import PASSWORD, USERNAME
 from tests.standins.process import REPO_ROOT, RedfishStandIn
-
-__all__ = ["standin_factory"]  # the fixture, imported for this module
 
 BASE = "/redfish/v1/ThermalEquipment/CDUs/cdu1"
 

@@ -12,10 +12,8 @@ from polca.errors import ConfigError, ReadingRejectedError, TransportError
 from polca.meter.redfish import RedfishMeterConfig, RedfishMeterSource, probe
 from polca.meter.source import MeterSource
 from polca.redfish.api import RedfishEndpoint
-from tests.standins.fixtures import PASSWORD, USERNAME, standin_factory
+from tests.standins.fixtures import PASSWORD, USERNAME
 from tests.standins.process import RedfishStandIn
-
-__all__ = ["standin_factory"]  # the fixture, imported for this module
 
 BASE = "/redfish/v1/PowerEquipment/RackPDUs"
 
