@@ -21,16 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from polca.errors import ReadingRejectedError
-from polca.readings import MAX_SOURCE_POWER_W, checked_power_w
-
-__all__ = [
-    "MAX_SOURCE_POWER_W",
-    "MeterSource",
-    "ReadingRejectedError",
-    "SourceReading",
-    "checked_power_w",
-]
+__all__ = ["MeterSource", "SourceReading"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +29,7 @@ class SourceReading:
     """One source's power, and which of the device's values it came from."""
 
     power_w: float
-    """Active power in watts, finite and within ``[0, MAX_SOURCE_POWER_W]``."""
+    """Active power in watts, finite, within ``polca.readings.checked_power_w``'s range."""
     detail: str
     """Which value was used, for logs and the probe (e.g. ``"device power"``, ``"phase
     power (3 phases)"``, ``"current x voltage x power factor 0.95"``)."""
