@@ -19,7 +19,9 @@ keeps it in sync.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import socket
 import types
 import typing
@@ -31,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -46,11 +49,67 @@ class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+MAX_MQTT_ENDPOINTS: Final = 16
+"""The most broker endpoints one process takes (a cluster has a few nodes)."""
+
+_HOST_NAME = r"^[A-Za-z0-9_.:-]{1,253}$"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MqttEndpoint:
+    """One broker node a process may connect to."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_endpoint(text: str, *, default_port: int) -> MqttEndpoint:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` as an endpoint; ValueError names
+    what is wrong."""
+    text = text.strip()
+    host, port_text = text, ""
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            msg = f"bad MQTT endpoint {text!r}: expected [address]:port"
+            raise ValueError(msg)
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    if not re.fullmatch(_HOST_NAME, host):
+        msg = f"bad MQTT endpoint {text!r}: expected host:port"
+        raise ValueError(msg)
+    if not port_text:
+        return MqttEndpoint(host, default_port)
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        msg = f"bad MQTT endpoint {text!r}: the port must be 1-65535"
+        raise ValueError(msg)
+    return MqttEndpoint(host, int(port_text))
+
+
 class MqttSettings(_Group):
     """The MQTT broker connection."""
 
-    host: str = Field("127.0.0.1", description="Broker host name or address.")
-    port: int = Field(1883, ge=1, le=65535, description="Broker TCP port (8883 for TLS).")
+    host: str = Field(
+        "127.0.0.1", description="Broker host name or address (when `endpoints` is empty)."
+    )
+    port: int = Field(
+        1883,
+        ge=1,
+        le=65535,
+        description="Broker TCP port (8883 for TLS); also the port of endpoints without one.",
+    )
+    endpoints: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        max_length=MAX_MQTT_ENDPOINTS,
+        description="The nodes of a clustered broker, `host:port` each (a list, or one "
+        "comma-separated string in POLCA_MQTT__ENDPOINTS). The process connects to one and, "
+        "when it is lost, moves to the next one that has not failed lately, with backoff "
+        "and jitter, and subscribes again. Empty: the one broker of `host` and `port`.",
+    )
     username: str | None = Field(None, description="User name; none for anonymous access.")
     password: SecretStr | None = Field(
         None,
@@ -86,6 +145,27 @@ class MqttSettings(_Group):
     inbox_size: int = Field(
         1000, ge=1, description="Received messages queued for processing; oldest dropped."
     )
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _endpoint_list(cls, value: object) -> object:
+        if isinstance(value, str):  # the environment: "a:1883,b:1883"
+            return tuple(part for part in (p.strip() for p in value.split(",")) if part)
+        return value
+
+    @model_validator(mode="after")
+    def _endpoints_valid(self) -> Self:
+        seen = self.broker_endpoints()  # raises on a bad one
+        if len(set(seen)) != len(seen):
+            msg = "mqtt.endpoints names the same endpoint twice"
+            raise ValueError(msg)
+        return self
+
+    def broker_endpoints(self) -> tuple[MqttEndpoint, ...]:
+        """The endpoints in order of preference: ``endpoints``, else ``host:port``."""
+        if not self.endpoints:
+            return (MqttEndpoint(self.host, self.port),)
+        return tuple(parse_endpoint(e, default_port=self.port) for e in self.endpoints)
 
 
 DEFAULT_TOPIC_ROOT: Final = "polca/v1"

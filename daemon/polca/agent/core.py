@@ -118,6 +118,7 @@ class AgentCore:
         self.baseline: Baseline | None = None
         self.baseline_path = settings.state_dir / BASELINE_FILE  # where the shell keeps it
         self.crash_loop: str | None = None  # what ended the last runs, when it is a loop
+        self.mqtt_endpoint: str | None = None  # the broker endpoint the runtime is on
 
     # What the fleet knows of the GPUs, as the shell and tests read it.
 
@@ -243,6 +244,7 @@ class AgentCore:
             crash_loop=self.crash_loop,
             skew_s=self.intake.skew_s,
             clock_skewed=self.clock_skewed,
+            mqtt_endpoint=self.mqtt_endpoint,
             assignment=messages.AssignmentState(
                 source=self.classes.source,
                 healthy=self.classes.healthy,

@@ -81,6 +81,7 @@ class NodeSnapshot:
     skew_s: float | None
     clock_skewed: bool
     assignment: AssignmentState = field(default_factory=AssignmentState)
+    mqtt_endpoint: str | None = None  # the broker endpoint in use, while connected
 
     @property
     def level(self) -> int:
@@ -125,6 +126,7 @@ def status(
         assignment_source=snapshot.assignment.source,
         assignment_healthy=snapshot.assignment.healthy,
         assignment_reason=snapshot.assignment.reason[:256] or None,
+        mqtt_endpoint=snapshot.mqtt_endpoint if state == "online" else None,
     )
     topic = snapshot.topics.node(snapshot.addr, "status")
     return OutMessage(topic, encode(message), qos=1, retain=True)

@@ -49,6 +49,7 @@ from polca.agent.window import TelemetryWindow
 from polca.assign.model import AssignmentUpdate
 from polca.errors import GpuError
 from polca.exits import ExitRecord
+from polca.export.points import mqtt_points
 from polca.export.sink import FanOut, Sink
 from polca.gpu.backend import GpuBackend, GpuSample
 from polca.gpu.threaded import ThreadedGpu
@@ -159,7 +160,7 @@ class Agent:
             client_id=self.settings.mqtt.client_id or f"polca-agent-{self.core.addr.node}",
             will=self._status_message("offline", reason="connection lost"),
             subscriptions=self.core.subscriptions(),
-            birth=lambda: [self._status_message("online"), self._state_message()],
+            birth=self._birth,
             clock_ns=self.clock_ns,
             mono_ns=self.mono_ns,
         )
@@ -249,6 +250,12 @@ class Agent:
 
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
         return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
+
+    def _birth(self) -> list[OutMessage]:
+        """What every new connection publishes first: the status (naming the endpoint)
+        and the state."""
+        self.core.mqtt_endpoint = self.bus.stats.endpoint if self.bus is not None else None
+        return [self._status_message("online"), self._state_message()]
 
     def _state_message(self) -> OutMessage:
         return self.core.state_message(now_ns=self.clock_ns(), now_mono_ns=self.mono_ns())
@@ -348,17 +355,26 @@ class Agent:
     def write_points(self, message: Telemetry) -> None:
         """Hand the interval's points (GPUs, health, caps, the agent) to the sinks."""
         now_mono_ns = self.mono_ns()
-        self.sinks.write(
-            agent_points(
-                self.core.snapshot(),
-                message,
-                lease=self.core.lease(now_mono_ns),
-                site=self.settings.topics.site,
-                health=self.core.health.reports,
-                gpu_errors=message.health.gpu_errors,
-                now_mono_ns=now_mono_ns,
-            )
+        batch = agent_points(
+            self.core.snapshot(),
+            message,
+            lease=self.core.lease(now_mono_ns),
+            site=self.settings.topics.site,
+            health=self.core.health.reports,
+            gpu_errors=message.health.gpu_errors,
+            now_mono_ns=now_mono_ns,
         )
+        if self.bus is not None:
+            batch.extend(
+                mqtt_points(
+                    {"mqtt": self.bus.stats},
+                    ts_ns=message.ts_ns,
+                    site=self.settings.topics.site,
+                    role="agent",
+                    name=self.core.addr.node,
+                )
+            )
+        self.sinks.write(batch)
 
     def handle_message(self, message: InMessage) -> None:
         """Act on one received message; count and drop a bad one. Never raises."""

@@ -45,11 +45,11 @@ from polca.aggregator.step import RowControl, StepResult
 from polca.bmc.actuator import OobOutcome
 from polca.bmc.plan import NodeState, OobPlanner, OobTarget
 from polca.coord.leadership import Leadership, LeadershipChange
-from polca.export.points import AnyPoint, Point
+from polca.export.points import AnyPoint, Point, mqtt_points
 from polca.export.schedule import Thinning
 from polca.export.sink import FanOut
 from polca.policy import LoadedPolicy, PolicyStore
-from polca.telemetry.bus import InMessage, OutMessage
+from polca.telemetry.bus import BusStats, InMessage, OutMessage
 from polca.telemetry.checks import ClockWindow, DropLog
 from polca.telemetry.topics import Topics
 
@@ -119,6 +119,7 @@ class AggregatorCore:
         )
         """Control steps that raised (logged with the traceback, at most once a minute)."""
         self.crash_loop: str | None = None
+        self.mqtt_endpoint: str | None = None  # the control connection's broker endpoint
         """The crash loop the exit record reported at start, if any (in the status)."""
         self.oob = OobPlanner(cap_from_level=s.bmc.cap_from_level, agent_back_s=s.bmc.agent_back_s)
         """Which nodes are capped through their BMC (only nodes listed in ``bmc.nodes``)."""
@@ -252,7 +253,14 @@ class AggregatorCore:
                 )
         return states
 
-    def step_points(self, result: StepResult, *, sinks: FanOut, now_s: float) -> list[Point] | None:
+    def step_points(
+        self,
+        result: StepResult,
+        *,
+        sinks: FanOut,
+        now_s: float,
+        connections: Mapping[str, BusStats] | None = None,
+    ) -> list[Point] | None:
         """The points a step writes now: its rows' (not a standby's) and the aggregator's
         own health, each measurement thinned to its write interval; None (counted) when
         building them failed: a failure there loses points only."""
@@ -271,6 +279,15 @@ class AggregatorCore:
                     instance=s.instance,
                     ts_ns=result.now_ns,
                     step_failures=self.step_failures.total,
+                )
+            )
+            out.extend(
+                mqtt_points(
+                    connections or {},
+                    ts_ns=result.now_ns,
+                    site=s.site,
+                    role="aggregator",
+                    name=s.instance,
                 )
             )
             return self.thinning.step_points(out, now_s)
@@ -343,6 +360,7 @@ class AggregatorCore:
             reason=reason,
             crash_loop=self.crash_loop,
             ha=self.leadership.status(s.shard) if s.ha.enabled else None,
+            mqtt_endpoint=self.mqtt_endpoint if state == "online" else None,
         )
 
     def policy_messages(self, *, now_ns: int) -> list[OutMessage]:

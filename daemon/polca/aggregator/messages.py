@@ -195,6 +195,7 @@ def status(
     reason: str | None = None,
     crash_loop: str | None = None,
     ha: Mapping[str, Any] | None = None,
+    mqtt_endpoint: str | None = None,
 ) -> OutMessage:
     """The aggregator's retained status (its Last Will says ``offline``); ``ha``: its
     shard, role, term and the leader it knows, when elected on etcd."""
@@ -209,6 +210,7 @@ def status(
         policy_revision=loaded.revision if loaded else None,
         started_ns=started_ns,
         reason=reason if reason is not None or state == "offline" else crash_loop,
+        mqtt_endpoint=mqtt_endpoint,
     )
     return OutMessage(
         topics.aggregator(site, instance, "status"), encode(message), qos=1, retain=True

@@ -35,7 +35,7 @@ from polca.exits import ExitRecord
 from polca.export.sink import FanOut, Sink
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
-from polca.telemetry.bus import Bus, BusFactory, InMessage, MqttBus, OutMessage
+from polca.telemetry.bus import Bus, BusFactory, BusStats, InMessage, MqttBus, OutMessage
 
 _Task = Coroutine[Any, Any, object]
 
@@ -127,7 +127,7 @@ class Aggregator:
             s,
             self.intake,
             will=self._status_message("offline", reason="connection lost"),
-            birth=lambda: [self._status_message("online"), *self._policy_messages()],
+            birth=self._birth,
             clock_ns=self.clock_ns,
             mono_ns=self.mono_ns,
         )
@@ -219,6 +219,13 @@ class Aggregator:
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
         return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
 
+    def _birth(self) -> list[OutMessage]:
+        """What every new control connection publishes first: the status (naming the
+        endpoint) and the policies."""
+        bus = self.bus
+        self.core.mqtt_endpoint = bus.stats.endpoint if bus is not None else None
+        return [self._status_message("online"), *self._policy_messages()]
+
     def _policy_messages(self) -> list[OutMessage]:
         return self.core.policy_messages(now_ns=self.clock_ns())
 
@@ -301,10 +308,17 @@ class Aggregator:
             self._event("level_changed", **decision.audit)
             self.notifier.status(self.core.status_line())
         if self.sinks:
-            batch = self.core.step_points(stepped.result, sinks=self.sinks, now_s=now_s)
+            batch = self.core.step_points(
+                stepped.result, sinks=self.sinks, now_s=now_s, connections=self._bus_stats()
+            )
             if batch is not None:
                 self.sinks.write(batch)
         return stepped.result
+
+    def _bus_stats(self) -> dict[str, BusStats]:
+        """Each MQTT connection's counters, by name (``control`` and the intake ones)."""
+        buses = {"control": self.bus, **self.intake_buses}
+        return {name: bus.stats for name, bus in buses.items() if bus is not None}
 
     def _oob_outcome(self, outcome: OobOutcome) -> None:
         """One out-of-band write ended: log it, publish the event, write the point."""

@@ -28,6 +28,7 @@ from typing import Final, NamedTuple
 import orjson
 
 from polca.export.schema import SCHEMA, FieldType
+from polca.telemetry.bus import BusStats
 
 FieldValue = float | int | bool | str
 
@@ -450,3 +451,30 @@ class SeriesPoint(NamedTuple):
 
 AnyPoint = Point | SeriesPoint
 """What a sink takes: a general point or a templated one."""
+
+
+def mqtt_points(
+    connections: Mapping[str, BusStats], *, ts_ns: int, site: str, role: str, name: str
+) -> list[Point]:
+    """One ``mqtt`` point per connection of a process: whether it is connected, to which
+    broker endpoint (``none`` between connections), and its connects and failovers."""
+    return [
+        make_point(
+            "mqtt",
+            ts_ns=ts_ns,
+            tags={
+                "site": site,
+                "role": role,
+                "name": name,
+                "connection": connection,
+                "endpoint": stats.endpoint or "none",
+            },
+            fields={
+                "connected": 1.0 if stats.endpoint is not None else 0.0,
+                "connects": stats.connects,
+                "failovers": stats.failovers,
+                "disconnects": stats.disconnects,
+            },
+        )
+        for connection, stats in connections.items()
+    ]

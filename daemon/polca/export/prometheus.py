@@ -320,6 +320,20 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "1 for each GPU's runtime class, where it came from (class_origin) and the "
         "namespace, pod and container holding it.",
     ),
+    # Each MQTT connection of the process (agent: one; aggregator: control and intake).
+    _f(
+        "mqtt",
+        "connected",
+        "polca_mqtt_connected",
+        "1 while connected; the endpoint label names the broker node (none between them).",
+    ),
+    _f("mqtt", "connects", "polca_mqtt_connects_total", "Connections made to the broker."),
+    _f(
+        "mqtt",
+        "failovers",
+        "polca_mqtt_failovers_total",
+        "Connections made to another broker endpoint than the one before.",
+    ),
     # Per node with a BMC, from the aggregator's out-of-band writes.
     _f("oob", "caps", "polca_oob_caps_total", "Out-of-band caps written and verified."),
     _f("oob", "releases", "polca_oob_releases_total", "Out-of-band caps lifted and verified."),

@@ -257,6 +257,10 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
             "implausible_<reason>",
         ),
     ),
+    "mqtt": MeasurementSchema(
+        tags=("site", "role", "name", "connection", "endpoint"),
+        fields={"connected": float, "connects": int, "failovers": int, "disconnects": int},
+    ),
     "leadership": MeasurementSchema(
         tags=("site", "shard", "instance"),
         fields={"term": int, "leader_term": int, "leading": float, "leader": str},
@@ -330,6 +334,7 @@ ESSENTIAL_MEASUREMENTS: Final[frozenset[str]] = frozenset(
         "leadership",
         "aggregator",
         "oob",
+        "mqtt",
     }
 )
 """The measurements a sink must keep before any other: a sink's *essential* class.

@@ -13,6 +13,14 @@ What it does:
   exponential backoff and the next attempt. A fresh client per attempt matters: a reused
   aiomqtt 2.5 client keeps its completed ``_connected`` future after an abrupt disconnect,
   and paho would re-send its own pending QoS 1 messages on top of our outbox.
+- Several endpoints (``mqtt.endpoints``, the nodes of a clustered broker): each attempt
+  goes to one; a lost or refused endpoint is marked failed and the next attempt goes to
+  the next one that has not failed within ``_HOLD_DOWN_S`` (or, when all have, the one
+  that failed longest ago), after the same jittered backoff. A clean session on every
+  connection, so the new node gets the subscriptions again and sends the retained
+  messages again; the birth messages are published again. ``stats.endpoint`` and the
+  ``mqtt_connected`` log line say where the bus is connected, ``stats.failovers`` how
+  often it moved.
 - Credentials refused by the broker raise ``TransportAuthError``, a protocol version it does
   not speak raises ``ConfigError``: retrying cannot fix either.
 - Publishing never blocks the control loop: ``publish_nowait`` puts into a bounded outbox
@@ -53,7 +61,7 @@ from polca.telemetry.schema import MAX_PAYLOAD_BYTES
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-    from polca.settings import MqttSettings
+    from polca.settings import MqttEndpoint, MqttSettings
 
 __all__ = ["Bus", "BusFactory", "BusStats", "InMessage", "MqttBus", "OutMessage", "topic_matches"]
 
@@ -67,6 +75,8 @@ _AUTH_REFUSED_CODES = frozenset({4, 5, 0x86, 0x87, 0x8A, 0x8C})
 _PROTOCOL_REFUSED_CODES = frozenset({1, 0x84})
 # Bound on each step of the goodbye (will publish, DISCONNECT) when ``run()`` is cancelled.
 _FAREWELL_TIMEOUT_S = 2.0
+_HOLD_DOWN_S = 30.0
+"""An endpoint that failed is passed over for this long while another one has not failed."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,6 +125,10 @@ class BusStats:
     outbox_dropped: int = 0
     inbox_dropped: int = 0
     last_error: str | None = None
+    endpoint: str | None = None
+    """The broker endpoint (``host:port``) while connected; None between connections."""
+    failovers: int = 0
+    """Connections made to another endpoint than the one before."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -270,6 +284,12 @@ class MqttBus:
         self._outbox_dropped = 0
         self._inbox_dropped = 0
         self._last_error: str | None = None
+        self._endpoints = settings.broker_endpoints()
+        self._endpoint_index = 0
+        self._endpoint: MqttEndpoint | None = None  # while connected
+        self._last_connected_index: int | None = None
+        self._failed_at_s: dict[int, float] = {}  # endpoint index -> monotonic seconds
+        self._failovers = 0
         self._oversized = DropLog("mqtt_publish_oversized", logger=self._log)
 
     # -- consumers ------------------------------------------------------------------------
@@ -284,6 +304,8 @@ class MqttBus:
             outbox_dropped=self._outbox_dropped,
             inbox_dropped=self._inbox_dropped,
             last_error=self._last_error,
+            endpoint=str(self._endpoint) if self._endpoint is not None else None,
+            failovers=self._failovers,
         )
 
     @property
@@ -379,24 +401,29 @@ class MqttBus:
         try:
             tls_context = await asyncio.to_thread(_tls_context, self._settings)
             delays = self._new_backoff()
+            rounds_left = self._attempts
             while not self._stop.is_set():
                 connected = False
-                client = self._new_client(tls_context)
+                index = self._endpoint_index
+                endpoint = self._endpoints[index]
+                client = self._new_client(tls_context, endpoint)
                 try:
                     async with client:
                         connected = True
-                        await self._session(client)
+                        await self._session(client, index)
                 except aiomqtt.MqttError as exc:
                     # An MqttError raised while cancellation was being handled (a slow
                     # DISCONNECT) must not turn the cancellation into a reconnect.
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():
                         raise asyncio.CancelledError from exc
-                    _raise_if_fatal(exc, self._settings)
-                    if not connected and self._attempts is not None:
-                        self._attempts -= 1
-                        if self._attempts <= 0:
-                            where = f"{self._settings.host}:{self._settings.port}"
+                    _raise_if_fatal(exc, self._settings, endpoint)
+                    self._failed_at_s[index] = self._mono_ns() / 1e9
+                    self._endpoint_index = self._next_endpoint(index)
+                    if not connected and rounds_left is not None and self._endpoint_index <= index:
+                        rounds_left -= 1  # every endpoint was tried once more
+                        if rounds_left <= 0:
+                            where = ", ".join(str(e) for e in self._endpoints)
                             msg = f"cannot reach the MQTT broker {where}: {exc}"
                             raise TransportError(msg) from exc
                     if connected:  # the first reconnect after an outage is quick
@@ -408,13 +435,13 @@ class MqttBus:
                         error=str(exc),
                         was_connected=connected,
                         retry_in_s=round(delay_s, 3),
-                        host=self._settings.host,
-                        port=self._settings.port,
+                        endpoint=str(endpoint),
+                        next_endpoint=str(self._endpoints[self._endpoint_index]),
                     )
                     await self._sleep_unless_stopped(delay_s)
                 else:
                     # Clean end of a session: close() asked for it.
-                    self._log.info("mqtt_closed", host=self._settings.host)
+                    self._log.info("mqtt_closed", endpoint=str(endpoint))
                 finally:
                     await _reap(client)
         finally:
@@ -425,12 +452,26 @@ class MqttBus:
     def _new_backoff(self) -> Iterator[float]:
         return aiokit.backoff_delays(self._settings.reconnect_min_s, self._settings.reconnect_max_s)
 
-    def _new_client(self, tls_context: ssl.SSLContext | None) -> aiomqtt.Client:
+    def _next_endpoint(self, failed: int) -> int:
+        """The endpoint after ``failed`` (in order) that has not failed within the hold-down,
+        else the one that failed longest ago."""
+        count = len(self._endpoints)
+        now_s = self._mono_ns() / 1e9
+        order = [(failed + step) % count for step in range(1, count + 1)]
+        for index in order:
+            failed_at = self._failed_at_s.get(index)
+            if failed_at is None or now_s - failed_at >= _HOLD_DOWN_S:
+                return index
+        return min(order, key=lambda i: self._failed_at_s.get(i, 0.0))
+
+    def _new_client(
+        self, tls_context: ssl.SSLContext | None, endpoint: MqttEndpoint
+    ) -> aiomqtt.Client:
         settings = self._settings
         will = self._will
         return aiomqtt.Client(
-            settings.host,
-            settings.port,
+            endpoint.host,
+            endpoint.port,
             username=settings.username,
             password=(
                 settings.password.get_secret_value() if settings.password is not None else None
@@ -452,14 +493,19 @@ class MqttBus:
             queue_type=_forwarding_queue(self._take),
         )
 
-    async def _session(self, client: aiomqtt.Client) -> None:
+    async def _session(self, client: aiomqtt.Client, index: int) -> None:
         """One connection: birth, subscribe, then pump both ways until it breaks or stops."""
         self._connects += 1
+        failover = self._last_connected_index not in (None, index)
+        self._failovers += int(failover)
+        self._last_connected_index = index
+        self._failed_at_s.pop(index, None)
+        self._endpoint = self._endpoints[index]
         self.connected.set()
         self._log.info(
             "mqtt_connected",
-            host=self._settings.host,
-            port=self._settings.port,
+            endpoint=str(self._endpoint),
+            failover=failover,
             client_id=self._client_id,
             protocol=self._settings.protocol,
         )
@@ -471,6 +517,7 @@ class MqttBus:
             raise
         finally:
             self.connected.clear()
+            self._endpoint = None
             self._disconnects += 1
 
     async def _pump(self, client: aiomqtt.Client) -> None:
@@ -708,13 +755,15 @@ async def _reap(client: aiomqtt.Client) -> None:
         await asyncio.wait({task}, timeout=_FAREWELL_TIMEOUT_S)
 
 
-def _raise_if_fatal(exc: aiomqtt.MqttError, settings: MqttSettings) -> None:
-    """Translate CONNACK refusals that retrying cannot fix into fatal polca errors."""
+def _raise_if_fatal(exc: aiomqtt.MqttError, settings: MqttSettings, endpoint: MqttEndpoint) -> None:
+    """Translate CONNACK refusals that retrying cannot fix into fatal polca errors (every
+    node of a cluster shares its users and protocol, so another endpoint cannot fix them
+    either)."""
     if not isinstance(exc, MqttConnectError):
         return
     rc = exc.rc
     code = rc if isinstance(rc, int) else getattr(rc, "value", None)
-    where = f"{settings.host}:{settings.port}"
+    where = str(endpoint)
     if code in _AUTH_REFUSED_CODES:
         user = settings.username or "(anonymous)"
         msg = (

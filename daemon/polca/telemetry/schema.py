@@ -251,6 +251,11 @@ class Status(_Wire):
     assignment_reason: str | None = Field(
         None, max_length=256, description="An agent: why its assignment source is unhealthy."
     )
+    mqtt_endpoint: str | None = Field(
+        None,
+        max_length=262,
+        description="The broker endpoint (`host:port`) the process published this through.",
+    )
     shard: str | None = Field(
         None, max_length=256, description="An aggregator elected on etcd: its shard."
     )

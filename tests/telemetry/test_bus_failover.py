@@ -1,0 +1,160 @@
+"""MqttBus with several endpoints, against real Mosquitto processes: it connects to one that
+answers, moves to the next one when its broker dies (subscribing again, reading the new
+broker's retained messages, publishing its birth and its queued messages there), passes
+over an endpoint that failed lately, and gives up naming them all when none answers.
+
+Two unrelated Mosquittos stand in for two nodes of a cluster here: what the bus does is the
+same; what a real cluster adds (retained messages and wills shared between nodes) is
+tested against NATS in ``test_broker_contract.py`` and end to end in
+``tests/integration/test_cluster_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from structlog.testing import capture_logs
+
+from polca.errors import TransportError
+from polca.settings import MqttSettings, Settings
+from polca.telemetry.bus import MqttBus, OutMessage
+from tests.mqtt_broker import MosquittoFactory, free_port
+from tests.telemetry.test_bus import inbox_get, next_message, observer, running, wait_until
+
+
+def cluster_settings(*ports: int, **overrides: Any) -> MqttSettings:
+    """Settings naming ``ports`` as the endpoints, reconnecting quickly."""
+    values: dict[str, Any] = {
+        "endpoints": [f"127.0.0.1:{port}" for port in ports],
+        "reconnect_min_s": 0.05,
+        "reconnect_max_s": 0.2,
+        "keepalive_s": 5,
+        "connect_timeout_s": 2.0,
+    }
+    values.update(overrides)
+    return MqttSettings(**values)
+
+
+async def test_connects_past_a_dead_endpoint(mosquitto_factory: MosquittoFactory) -> None:
+    live = mosquitto_factory()
+    dead_port = free_port()
+    bus = MqttBus(cluster_settings(dead_port, live.port), client_id="t-skip")
+    with capture_logs() as logs:
+        async with running(bus):
+            assert bus.stats.endpoint == f"127.0.0.1:{live.port}"
+            assert bus.stats.failovers == 0  # the first connection is not a move
+    failed = [e for e in logs if e["event"] == "mqtt_disconnected"]
+    assert failed[0]["endpoint"] == f"127.0.0.1:{dead_port}"
+    assert failed[0]["next_endpoint"] == f"127.0.0.1:{live.port}"
+    assert bus.stats.endpoint is None  # not connected any more
+
+
+async def test_moves_to_the_next_broker_and_reads_its_state_again(
+    mosquitto_factory: MosquittoFactory,
+) -> None:
+    first, second = mosquitto_factory(), mosquitto_factory()
+    async with observer(second.port) as client:  # the retained state on the second node
+        await client.publish("polca/v1/s/r1/control", b"second", qos=1, retain=True)
+    birth = OutMessage("polca/v1/s/r1/k1/n1/status", b"online", qos=1, retain=True)
+    bus = MqttBus(
+        cluster_settings(first.port, second.port),
+        client_id="t-move",
+        subscriptions=[("polca/v1/s/r1/control", 1)],
+        birth=lambda: [birth],
+    )
+    async with running(bus):
+        assert bus.stats.endpoint == f"127.0.0.1:{first.port}"
+        await asyncio.to_thread(first.kill)
+        await wait_until(lambda: bus.stats.failovers == 1, "connected again")
+        assert bus.stats.endpoint == f"127.0.0.1:{second.port}"
+        assert bus.stats.failovers == 1
+        received = await inbox_get(bus)  # subscribed again: the second node's retained
+        assert (received.topic, received.payload, received.retain) == (
+            "polca/v1/s/r1/control",
+            b"second",
+            True,
+        )
+        async with observer(second.port, "polca/v1/s/r1/k1/n1/status", "polca/v1/x") as client:
+            status = await next_message(client, "polca/v1/s/r1/k1/n1/status")
+            assert status.payload == b"online"  # the birth, published on the new node
+            bus.publish_nowait(OutMessage("polca/v1/x", b"after", qos=1))
+            assert (await next_message(client, "polca/v1/x")).payload == b"after"
+
+
+async def test_messages_queued_during_the_move_reach_the_new_broker(
+    mosquitto_factory: MosquittoFactory,
+) -> None:
+    first, second = mosquitto_factory(), mosquitto_factory()
+    bus = MqttBus(
+        cluster_settings(first.port, second.port, reconnect_min_s=0.5, reconnect_max_s=0.5),
+        client_id="t-queue",
+    )
+    async with running(bus), observer(second.port, "polca/v1/q/#") as client:
+        await asyncio.to_thread(first.kill)
+        await wait_until(lambda: not bus.connected.is_set(), "disconnected")
+        for n in range(3):  # while it is between brokers
+            bus.publish_nowait(OutMessage(f"polca/v1/q/{n}", str(n).encode(), qos=1))
+        got = [(await next_message(client, f"polca/v1/q/{n}")).payload for n in range(3)]
+        assert got == [b"0", b"1", b"2"]
+        assert bus.stats.outbox_dropped == 0
+
+
+async def test_an_endpoint_that_failed_lately_is_passed_over(
+    mosquitto_factory: MosquittoFactory,
+) -> None:
+    a, b, c = mosquitto_factory(), mosquitto_factory(), mosquitto_factory()
+    bus = MqttBus(cluster_settings(a.port, b.port, c.port), client_id="t-hold")
+    async with running(bus):
+        await asyncio.to_thread(a.kill)
+        await wait_until(lambda: bus.stats.endpoint == f"127.0.0.1:{b.port}", "on b")
+        await asyncio.to_thread(a.start)  # a is back, but failed a moment ago
+        await asyncio.to_thread(b.kill)
+        await wait_until(lambda: bus.stats.failovers == 2, "moved again")
+        assert bus.stats.endpoint == f"127.0.0.1:{c.port}"  # c, not the recently failed a
+        await asyncio.to_thread(c.kill)  # now a and b failed lately, b more recently
+        await wait_until(lambda: bus.stats.failovers == 3, "moved again")
+        assert bus.stats.endpoint == f"127.0.0.1:{a.port}"
+        assert bus.stats.failovers == 3
+
+
+async def test_one_shot_gives_up_after_trying_every_endpoint_once() -> None:
+    ports = [free_port(), free_port(), free_port()]
+    bus = MqttBus(cluster_settings(*ports), client_id="t-none", attempts=1)
+    with capture_logs() as logs, pytest.raises(TransportError) as raised:
+        await asyncio.wait_for(bus.run(), timeout=10)
+    tried = [e["endpoint"] for e in logs if e["event"] == "mqtt_disconnected"]
+    assert tried == [f"127.0.0.1:{port}" for port in ports[:2]]  # the third one raised
+    for port in ports:
+        assert f"127.0.0.1:{port}" in str(raised.value)
+
+
+def test_endpoints_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLCA_MQTT__ENDPOINTS", "mq1:8883, mq2 ,[fd00::3]:8884")
+    monkeypatch.setenv("POLCA_MQTT__PORT", "8883")
+    endpoints = Settings().mqtt.broker_endpoints()
+    assert [str(e) for e in endpoints] == ["mq1:8883", "mq2:8883", "[fd00::3]:8884"]
+
+
+def test_host_and_port_are_the_single_endpoint() -> None:
+    endpoints = MqttSettings(host="broker", port=1884).broker_endpoints()
+    assert [str(e) for e in endpoints] == ["broker:1884"]
+
+
+@pytest.mark.parametrize(
+    "endpoints",
+    [
+        ["mq1:0"],
+        ["mq1:99999"],
+        ["mq 1:1883"],
+        ["mq1:1883", "mq1:1883"],
+        ["[fd00::1"],
+        ["mq1:port"],
+        [f"mq{n}" for n in range(17)],
+    ],
+)
+def test_bad_endpoints_are_refused(endpoints: list[str]) -> None:
+    with pytest.raises(ValidationError):
+        MqttSettings(endpoints=endpoints)
