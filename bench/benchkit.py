@@ -316,6 +316,7 @@ def _agents(args: argparse.Namespace) -> dict[str, Any]:
             writes[self.node].append(time.monotonic_ns())
 
     agents = []
+    endpoints = [e for e in args.endpoints.split(",") if e]
     for i, spec in enumerate(args.nodes.split(",")):
         rack, node = spec.split("/")
         backend = TimedBackend(count=args.gpus, model="H100-SXM", load="constant:0.5", seed=i)
@@ -323,7 +324,16 @@ def _agents(args: argparse.Namespace) -> dict[str, Any]:
         writes[node] = []
         settings = Settings(
             topics={"site": args.site, "row": args.row, "rack": rack, "node": node},
-            mqtt={"host": args.host, "port": args.port, "client_id": f"agent-{node}"},
+            mqtt={
+                "host": args.host,
+                "port": args.port,
+                "client_id": f"agent-{node}",
+                # A cluster: each agent starts on another node (the list turned by one).
+                "endpoints": endpoints[i % len(endpoints) :] + endpoints[: i % len(endpoints)]
+                if endpoints
+                else [],
+                "subscription_qos_max": args.subscription_qos_max,
+            },
             gpu={"backend": "simulated"},
             agent={
                 "policy_file": args.policy,
@@ -473,8 +483,8 @@ def _rate(times: Sequence[float]) -> dict[str, Any]:
     return {"received": received, "span_s": span, "rate": (received - 1) / span if span else 0.0}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one role (``publish``, ``floor``, ``aggregator``, ``agents``, ``listen``)."""
+def _parser() -> argparse.ArgumentParser:
+    """Every role's arguments."""
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="role", required=True)
     for role in ("publish", "floor", "aggregator"):
@@ -504,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     agents = sub.add_parser("agents")
     agents.add_argument("--host", default="127.0.0.1")
     agents.add_argument("--port", type=int, required=True)
+    agents.add_argument("--endpoints", default="", help="host:port,...: a broker cluster")
+    agents.add_argument("--subscription-qos-max", type=int, default=1)
     agents.add_argument("--site", default="bench")
     agents.add_argument("--row", default="row1")
     agents.add_argument("--nodes", required=True, help="rack/node,rack/node,...")
@@ -523,7 +535,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     listen.add_argument("--port", type=int, required=True)
     listen.add_argument("--topic", required=True, action="append")
     listen.add_argument("--qos", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one role (``publish``, ``floor``, ``aggregator``, ``agents``, ``listen``)."""
+    args = _parser().parse_args(argv)
     roles = {
         "publish": _publish,
         "floor": _floor,

@@ -125,6 +125,16 @@ class MqttSettings(_Group):
     protocol: Literal["3.1.1", "5"] = Field(
         "3.1.1", description="MQTT protocol version; 3.1.1 works with every broker."
     )
+    subscription_qos_max: Literal[0, 1, 2] = Field(
+        1,
+        description="The highest QoS the process subscribes with (control, policy and "
+        "assignments ask for 1). Set 0 on a NATS cluster: there each QoS 1 subscription is "
+        "a replicated JetStream consumer per client and topic, made again on every "
+        "connection and stalled while the cluster elects leaders after a node is lost "
+        "(docs/mqtt.md). polca reads its state from retained messages again after every "
+        "reconnect, so QoS 0 loses no state; a node event sent during a reconnect can be "
+        "lost.",
+    )
     tls: bool = Field(False, description="Connect with TLS.")
     tls_ca_file: Path | None = Field(None, description="CA bundle to verify the broker with.")
     tls_cert_file: Path | None = Field(None, description="Client certificate for mutual TLS.")
@@ -160,6 +170,10 @@ class MqttSettings(_Group):
             msg = "mqtt.endpoints names the same endpoint twice"
             raise ValueError(msg)
         return self
+
+    def where(self) -> str:
+        """The endpoints for messages: ``host:port``, comma-separated."""
+        return ", ".join(str(e) for e in self.broker_endpoints())
 
     def broker_endpoints(self) -> tuple[MqttEndpoint, ...]:
         """The endpoints in order of preference: ``endpoints``, else ``host:port``."""

@@ -87,9 +87,10 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
         if status.shard is not None:
             leader = status.leader or "none"
             ha = f", shard {status.shard}: {status.role}, leader {leader} term {status.term}"
+        via = f", via {status.mqtt_endpoint}" if status.mqtt_endpoint else ""
         out.write(
             f"aggregator {site}/{instance}: {status.state}, policy "
-            f"{status.policy_name} {status.policy_revision}{ha}\n"
+            f"{status.policy_name} {status.policy_revision}{ha}{via}\n"
         )
     rows = sorted(
         {(s, r) for s, r in snapshot.summaries} | {(s, r) for s, r, _ in snapshot.controls}
@@ -132,7 +133,10 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
                 f"{rack.nodes_offline} offline{rack_level}\n"
             )
     if snapshot.statuses:
-        out.write(f"\n{'NODE':<32}{'STATUS':<9}{'LEVEL':>6}  {'MODE':<10}{'GPUS':>5}  CAPS\n")
+        out.write(
+            f"\n{'NODE':<32}{'STATUS':<9}{'LEVEL':>6}  {'MODE':<10}{'GPUS':>5}  "
+            f"{'BROKER':<22}CAPS\n"
+        )
     for key in sorted(snapshot.statuses):
         site, row, rack_name, node = key
         status = snapshot.statuses[key]
@@ -154,8 +158,10 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
             ) + (f" +{len(capped) - 4}" if len(capped) > 4 else "")
             caps = caps or "uncapped"
         name = f"{site}/{row}/{rack_name}/{node}"
+        broker = status.mqtt_endpoint or "-"
         out.write(
-            f"{name:<32}{status.state:<9}{level:>6}  {mode:<10}{status.gpu_count:>5}  {caps}\n"
+            f"{name:<32}{status.state:<9}{level:>6}  {mode:<10}{status.gpu_count:>5}  "
+            f"{broker:<22}{caps}\n"
         )
     if snapshot.rejected:
         out.write(f"\n({snapshot.rejected} retained message(s) could not be read)\n")
@@ -228,7 +234,7 @@ async def collect(
             connected = tg.create_task(bus.connected.wait())
             done, _ = await asyncio.wait({connected}, timeout=timeout_s)
             if not done:
-                where = f"{settings.host}:{settings.port}"
+                where = settings.where()
                 msg = f"no answer from the MQTT broker {where} within {timeout_s:g} s"
                 raise TransportError(msg)
             deadline = asyncio.get_running_loop().time() + wait_s

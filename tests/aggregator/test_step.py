@@ -240,3 +240,54 @@ def test_an_offline_node_counts_at_its_limits_not_at_zero(
     assert (nodes["n1"].health, nodes["n2"].health) == ("fresh", "offline")
     assert nodes["n2"].power_w == pytest.approx(1_600.0)
     assert result.rows[0].rollup.power_w == pytest.approx(2_600.0)
+
+
+def test_no_level_falls_while_the_intake_is_cut_nor_for_the_warmup_after(
+    tmp_path: Path, policy: LoadedPolicy
+) -> None:
+    """The aggregator's broker connections down: the data stops because of them, so the
+    row keeps its level however low the power it still computes; ``warmup_s`` after they
+    are back the level is free to fall again (one level: the policy's dwell has passed)."""
+    rows = _rows(tmp_path, warmup_s=5.0)
+    rows.warm = True
+    _meter(rows, 9_200.0, T0_S + 1)
+    first = rows.step(T0_S + 1, 1, policy)
+    assert first is not None
+    assert first.rows[0].decision.level == 2
+    rows.intake_cut(cut=True, now_s=T0_S + 2)
+    for t in (60.0, 110.0):  # the meter low from 60 s on: past the dwell (40 s) at 110
+        _meter(rows, 1_000.0, T0_S + t)
+        rows.intake_cut(cut=True, now_s=T0_S + t)
+        held = rows.step(T0_S + t, int(t), policy)
+        assert held is not None
+        assert held.rows[0].decision.level == 2
+    _meter(rows, 1_000.0, T0_S + 120)
+    rows.intake_cut(cut=False, now_s=T0_S + 120)  # back: held for warmup_s more
+    after = rows.step(T0_S + 120, 120, policy)
+    assert after is not None
+    assert after.rows[0].decision.level == 2
+    _meter(rows, 1_000.0, T0_S + 126)
+    rows.intake_cut(cut=False, now_s=T0_S + 126)
+    freed = rows.step(T0_S + 126, 126, policy)
+    assert freed is not None
+    assert freed.rows[0].decision.level == 1
+
+
+def test_a_cut_that_comes_back_within_the_hold_keeps_the_first_levels(
+    tmp_path: Path, policy: LoadedPolicy
+) -> None:
+    """Cut, back, cut again inside the hold: the levels held are still those of the first
+    cut (not what was decided under the hold), and the hold lasts until after the last."""
+    rows = _rows(tmp_path, warmup_s=5.0)
+    rows.warm = True
+    _meter(rows, 9_200.0, T0_S + 1)
+    assert rows.step(T0_S + 1, 1, policy) is not None
+    rows.intake_cut(cut=True, now_s=T0_S + 2)
+    rows.intake_cut(cut=False, now_s=T0_S + 3)
+    rows.intake_cut(cut=True, now_s=T0_S + 4)
+    rows.intake_cut(cut=False, now_s=T0_S + 60)
+    _meter(rows, 1_000.0, T0_S + 62)
+    rows.intake_cut(cut=False, now_s=T0_S + 62)
+    held = rows.step(T0_S + 62, 62, policy)
+    assert held is not None
+    assert held.rows[0].decision.level == 2

@@ -158,3 +158,24 @@ def test_host_and_port_are_the_single_endpoint() -> None:
 def test_bad_endpoints_are_refused(endpoints: list[str]) -> None:
     with pytest.raises(ValidationError):
         MqttSettings(endpoints=endpoints)
+
+
+@pytest.mark.parametrize(("cap", "granted"), [(1, [1, 0, 1]), (0, [0, 0, 0])])
+async def test_subscriptions_are_capped_at_the_configured_qos(
+    mosquitto_factory: MosquittoFactory, cap: int, granted: list[int]
+) -> None:
+    broker = mosquitto_factory()
+    topics = [("polca/v1/a", 1), ("polca/v1/b", 0), ("polca/v1/c", 2)]
+    bus = MqttBus(
+        cluster_settings(broker.port, subscription_qos_max=cap),
+        client_id="t-qos",
+        subscriptions=topics,
+    )
+    async with running(bus), observer(broker.port) as client:
+        for topic, _ in topics:  # QoS 1 each: delivered at the QoS the bus subscribed with
+            await client.publish(topic, b"x", qos=1)
+        got = {}
+        for _ in topics:
+            message = await inbox_get(bus)
+            got[message.topic] = message.qos
+    assert [got[topic] for topic, _ in topics] == granted

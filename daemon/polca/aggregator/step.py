@@ -19,6 +19,11 @@ once all of them were built.
 During ``control.warmup_s`` after ``start`` nothing is decided until every node has
 reported, so a restarted aggregator never uncaps a row for lack of data; ``seed`` takes
 the retained control of a previous run (clamped into the policy's levels) before that.
+Likewise while the aggregator's own connections to the broker are down, and for
+``control.warmup_s`` after they are back (``intake_cut``), no level goes below what it was
+when they went down: the nodes' telemetry and the meter stopped arriving because of the
+aggregator's connection, not because the row's power fell, and a control decided on
+their absence would be published when the connection is back.
 """
 
 from __future__ import annotations
@@ -136,6 +141,8 @@ class RowControl:
         self.started_s: float | None = None
         self.warm = False
         self.last: StepResult | None = None
+        self._held: dict[Scope, int] | None = None  # levels when the intake was cut
+        self._held_until_s = math.inf  # the end of the hold, once the intake is back
 
     def _controller(self, row: str, rack: str | None, epoch_ns: int) -> ScopeController:
         return ScopeController(
@@ -167,6 +174,29 @@ class RowControl:
     def start(self, now_s: float) -> None:
         """The aggregator started at ``now_s`` (the warm-up counts from here)."""
         self.started_s = now_s
+
+    def intake_cut(self, *, cut: bool, now_s: float) -> None:
+        """Whether the aggregator's broker connections are down at ``now_s`` (called before
+        each step): while they are, and ``control.warmup_s`` after, no level falls below
+        what it was when they went down."""
+        if cut:
+            if self._held is None or self._held_until_s != math.inf:
+                if self._held is None:
+                    self._held = {k: c.ladder.level for k, c in self.controllers.items()}
+                    self.log.warning("intake_cut_levels_held", levels=self._held_levels())
+                self._held_until_s = math.inf
+            return
+        if self._held is None:
+            return
+        if self._held_until_s == math.inf:
+            self._held_until_s = now_s + self.settings.control.warmup_s
+        elif now_s >= self._held_until_s:
+            self.log.info("intake_back_levels_free", levels=self._held_levels())
+            self._held = None
+            self._held_until_s = math.inf
+
+    def _held_levels(self) -> dict[str, int]:
+        return {f"{k[0]}/{k[1] or '-'}": v for k, v in (self._held or {}).items()}
 
     def seed(self, control: Control, *, policy: Policy) -> None:
         """Start a scope from the level a previous run left retained (before warm only)."""
@@ -381,6 +411,9 @@ class RowControl:
         floor_reason: str = "",
     ) -> ScopeDecision:
         ctl = self.settings.control
+        held = self._held.get(key, 0) if self._held is not None else 0
+        if held > floor_level:
+            floor_level, floor_reason = held, "broker connection lost: level held"
         return self.controllers[key].step(
             floor_level=floor_level,
             floor_reason=floor_reason,

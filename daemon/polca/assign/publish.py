@@ -366,7 +366,7 @@ class _Exchange:
         change: Change,
     ) -> Outcome:
         if not await aiokit.wait_first(self._bus.connected, self._deadline - self._loop.time()):
-            where = f"{self._settings.host}:{self._settings.port}"
+            where = self._settings.where()
             msg = f"no answer from the MQTT broker {where} within {self._timeout_s:g} s"
             raise TransportError(msg)
         if address is None:
@@ -496,7 +496,7 @@ class _Exchange:
         except TimeoutError:
             sent = False
         if not sent:
-            where = f"{self._settings.host}:{self._settings.port}"
+            where = self._settings.where()
             msg = f"the MQTT broker {where} did not acknowledge the assignment on {topic}"
             raise TransportError(msg)
 

@@ -113,6 +113,8 @@ class InMessage:
     retain: bool
     received_ns: int
     received_mono_ns: int = 0
+    qos: int = 0
+    """The QoS it was delivered at: the lower of the publisher's and the subscription's."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -553,7 +555,7 @@ class MqttBus:
         if self._subscriptions:
             subscriptions = self._subscriptions
             self._subscriptions_changed.clear()
-            await client.subscribe(list(subscriptions))
+            await client.subscribe(self._granted(subscriptions))
             self._subscribed = subscriptions
             _raise_if_cancelling()
         # The outbox, and the subscriptions ``resubscribe`` changes, side by side; either
@@ -578,9 +580,14 @@ class MqttBus:
             if gone:
                 await client.unsubscribe(gone)
             if new:
-                await client.subscribe(new)
+                await client.subscribe(self._granted(new))
             self._subscribed = wanted
             _raise_if_cancelling()
+
+    def _granted(self, subscriptions: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The subscriptions at their QoS, capped by ``mqtt.subscription_qos_max``."""
+        cap = self._settings.subscription_qos_max
+        return [(topic, min(qos, cap)) for topic, qos in subscriptions]
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         """Send the outbox in order, one message at a time."""
@@ -628,6 +635,7 @@ class MqttBus:
                 retain=bool(message.retain),
                 received_ns=self._clock_ns(),
                 received_mono_ns=self._mono_ns(),
+                qos=int(message.qos),
             )
         )
 
