@@ -273,6 +273,16 @@ class AgentSettings(_Group):
     stop_timeout_s: float = Field(
         5.0, gt=0, description="Bound on restoring GPU settings at shutdown."
     )
+    control_silence_failover_s: float | None = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="With several broker endpoints (`mqtt.endpoints`): connected, but no "
+        "control message for this long, the agent moves to the next endpoint (its broker "
+        "node may be cut off from the others). Doubles after each such move while no "
+        "endpoint brings control, up to 5 minutes. None: never. Keep it well under the "
+        "control lease.",
+    )
     reassert: bool = Field(
         True, description="Re-apply caps that something else changed, with an event."
     )

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from polca.errors import TransportError
 from polca.settings import MqttSettings, Settings
 from polca.telemetry.bus import MqttBus, OutMessage
-from tests.mqtt_broker import MosquittoFactory, free_port
+from tests.mqtt_broker import MosquittoFactory, MosquittoProcess, free_port
 from tests.telemetry.test_bus import inbox_get, next_message, observer, running, wait_until
 
 
@@ -179,3 +179,26 @@ async def test_subscriptions_are_capped_at_the_configured_qos(
             message = await inbox_get(bus)
             got[message.topic] = message.qos
     assert [got[topic] for topic, _ in topics] == granted
+
+
+async def test_move_on_leaves_a_connected_endpoint_for_the_next(
+    mosquitto_factory: MosquittoFactory,
+) -> None:
+    first, second = mosquitto_factory(), mosquitto_factory()
+    bus = MqttBus(cluster_settings(first.port, second.port), client_id="t-move-on")
+    with capture_logs() as logs:
+        async with running(bus):
+            bus.move_on("silent")
+            await wait_until(lambda: bus.stats.failovers == 1, "moved")
+            assert bus.stats.endpoint == f"127.0.0.1:{second.port}"
+    (left,) = [e for e in logs if e["event"] == "mqtt_disconnected"]
+    assert "moving on: silent" in left["error"]
+
+
+async def test_move_on_with_one_endpoint_does_nothing(mosquitto: MosquittoProcess) -> None:
+    bus = MqttBus(cluster_settings(mosquitto.port), client_id="t-stay")
+    async with running(bus):
+        bus.move_on("silent")
+        await asyncio.sleep(0.3)
+        assert bus.stats.connects == 1
+        assert bus.stats.endpoint == f"127.0.0.1:{mosquitto.port}"

@@ -83,6 +83,9 @@ class MessageIntake:
         # Drops are logged at most once per reason and 10 s of the receipt clock (no clock
         # read here: ``handle`` and ``drop_at`` set the time).
         self._now_s = 0.0
+        self.last_control_mono_ns: int | None = None
+        """When a live control message for this node's row or rack last arrived (accepted
+        or not): whether the broker connection still carries control at all."""
         self.drops = DropLog("message_rejected", clock=lambda: self._now_s, logger=log)
         self._deferred_logged = 0  # ``classes.deferred`` at the last log line about them
         self._reports = RateGate(REPORT_EVERY_S)  # message-driven reports, by kind
@@ -137,6 +140,8 @@ class MessageIntake:
     def _dispatch(self, message: InMessage, infos: Mapping[int, GpuInfo]) -> Handled:
         t, a = self.topics, self.addr
         if message.topic in (t.row_control(a.site, a.row), t.rack_control(a.site, a.row, a.rack)):
+            if not message.retain:
+                self.last_control_mono_ns = message.received_mono_ns
             if not message.payload:  # an empty retained payload clears it: nothing to follow
                 return Handled()
             return self._on_control(decode(message.payload, Control), message)

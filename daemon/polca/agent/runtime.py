@@ -188,6 +188,7 @@ class Agent:
                     first_after_s=a.publish_interval_s,
                 ),
                 **({"sinks": self.sinks.run()} if self.sinks else {}),
+                **self._silence_watch(),
                 **self._assignment_tasks(),
                 **service.side_tasks(
                     policy_file=a.policy_file,
@@ -250,6 +251,30 @@ class Agent:
 
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
         return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
+
+    def _silence_watch(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """With several broker endpoints, the loop that leaves a silent one."""
+        silence_s = self.settings.agent.control_silence_failover_s
+        bus = self.bus
+        if silence_s is None or bus is None or not isinstance(bus, MqttBus):
+            return {}
+        if bus.endpoint_count < 2:  # one broker: nowhere to go
+            return {}
+        watch = SilenceWatch(silence_s)
+
+        def look() -> None:
+            stats = bus.stats
+            reason = watch.check(
+                self.mono_ns(),
+                connects=stats.connects,
+                connected=stats.endpoint is not None,
+                heard_ns=self.core.intake.last_control_mono_ns,
+            )
+            if reason is not None:
+                self.log.warning("broker_silent_moving_on", endpoint=stats.endpoint, why=reason)
+                bus.move_on(reason)
+
+        return {"broker-silence": aiokit.every(1.0, look)}
 
     def _birth(self) -> list[OutMessage]:
         """What every new connection publishes first: the status (naming the endpoint)
@@ -467,3 +492,39 @@ class Agent:
 
 
 __all__ = ["Agent"]
+
+
+_MAX_SILENCE_S = 300.0
+
+
+class SilenceWatch:
+    """When to leave a broker endpoint that is connected but carries no control: after
+    ``agent.control_silence_failover_s`` without a live control message on the connection,
+    then twice as long after each such move while no endpoint brings control (up to
+    ``_MAX_SILENCE_S``); control arriving makes the next move prompt again. Pure: time and
+    the bus's counters come in, the reason to move (or None) goes out."""
+
+    def __init__(self, silence_s: float) -> None:
+        self.base_ns = int(silence_s * 1e9)
+        self.silence_ns = self.base_ns
+        self.connects = -1
+        self.since_ns = 0
+        self.heard_ns: int | None = None
+
+    def check(
+        self, now_ns: int, *, connects: int, connected: bool, heard_ns: int | None
+    ) -> str | None:
+        """One look: the reason to move on now, or None."""
+        if connects != self.connects:  # a new connection: the silence counts anew
+            self.connects, self.since_ns = connects, now_ns
+        if heard_ns is not None and heard_ns != self.heard_ns:
+            self.heard_ns = heard_ns
+            self.silence_ns = self.base_ns
+        if not connected:
+            return None
+        last_ns = max(self.since_ns, self.heard_ns or 0)
+        if now_ns - last_ns < self.silence_ns:
+            return None
+        self.since_ns = now_ns  # one move per silence
+        self.silence_ns = min(self.silence_ns * 2, int(_MAX_SILENCE_S * 1e9))
+        return f"no control for {(now_ns - last_ns) / 1e9:.0f} s"

@@ -185,6 +185,10 @@ class Bus(Protocol):
         never blocks the caller."""
         ...
 
+    def move_on(self, reason: str) -> None:
+        """Leave the broker endpoint in use for the next one (none: nothing happens)."""
+        ...
+
     async def close(self, *, final: Sequence[OutMessage] = (), timeout_s: float = 5.0) -> bool:
         """Publish ``final``, flush, disconnect, let ``run()`` return; whether all was sent."""
         ...
@@ -292,6 +296,8 @@ class MqttBus:
         self._last_connected_index: int | None = None
         self._failed_at_s: dict[int, float] = {}  # endpoint index -> monotonic seconds
         self._failovers = 0
+        self._move = asyncio.Event()  # move_on() asks the session to end
+        self._move_reason = ""
         self._oversized = DropLog("mqtt_publish_oversized", logger=self._log)
 
     # -- consumers ------------------------------------------------------------------------
@@ -327,6 +333,19 @@ class MqttBus:
     def set_handler(self, handler: Callable[[InMessage], None] | None) -> None:
         """Hand each received message to ``handler`` on arrival instead of the inbox."""
         self._handler = handler
+
+    @property
+    def endpoint_count(self) -> int:
+        """How many broker endpoints it can move between."""
+        return len(self._endpoints)
+
+    def move_on(self, reason: str) -> None:
+        """Leave the endpoint in use for the next one (it is marked failed, as a lost one
+        is): for a process that finds its broker node connected but silent, e.g. cut off
+        from the rest of a cluster. Nothing happens with a single endpoint."""
+        if len(self._endpoints) > 1 and self.connected.is_set():
+            self._move_reason = reason
+            self._move.set()
 
     def resubscribe(self, subscriptions: Sequence[tuple[str, int]]) -> None:
         """Replace the subscriptions: the connection applies the difference (unsubscribe
@@ -529,10 +548,12 @@ class MqttBus:
         notices a lost connection at once (aiomqtt fails its message iterator); a pending
         publish or subscribe would only time out, after ``connect_timeout_s``.
         """
+        self._move.clear()
         outbound = asyncio.create_task(self._outbound(client), name="mqtt-outbound")
         receive = asyncio.create_task(self._receive(client), name="mqtt-inbound")
         stop = asyncio.create_task(self._stop.wait(), name="mqtt-stop")
-        tasks = (outbound, receive, stop)
+        move = asyncio.create_task(self._move.wait(), name="mqtt-move")
+        tasks = (outbound, receive, stop, move)
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -544,6 +565,9 @@ class MqttBus:
         for task in (outbound, receive):
             if task in done and not task.cancelled() and (exc := task.exception()) is not None:
                 raise exc
+        if move in done and not self._stop.is_set():
+            msg = f"moving on: {self._move_reason}"
+            raise aiomqtt.MqttError(msg)
 
     async def _outbound(self, client: aiomqtt.Client) -> None:
         """Birth messages first, then (re)subscribe, then the outbox for good."""

@@ -190,6 +190,9 @@ class MemoryBus:
         self.connected.clear()
         self._stop.set()
 
+    def move_on(self, reason: str) -> None:
+        """One broker: nowhere to move."""
+
     def resubscribe(self, subscriptions: Sequence[tuple[str, int]]) -> None:
         """Replace the subscriptions; a new filter gets its retained messages at once."""
         added = [topic for topic, _ in subscriptions if topic not in self.filters]

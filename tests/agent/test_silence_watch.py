@@ -1,0 +1,48 @@
+"""When an agent leaves a broker endpoint that is connected but carries no control."""
+
+from __future__ import annotations
+
+from polca.agent.runtime import SilenceWatch
+
+S = 1_000_000_000
+
+
+def test_moves_after_the_silence_then_waits_twice_as_long() -> None:
+    watch = SilenceWatch(10.0)
+    assert watch.check(0, connects=1, connected=True, heard_ns=None) is None
+    assert watch.check(9 * S, connects=1, connected=True, heard_ns=None) is None
+    assert watch.check(10 * S, connects=1, connected=True, heard_ns=None) == ("no control for 10 s")
+    # Connected elsewhere at 11 s, silent there too: 20 s this time.
+    assert watch.check(11 * S, connects=2, connected=True, heard_ns=None) is None
+    assert watch.check(30 * S, connects=2, connected=True, heard_ns=None) is None
+    assert watch.check(31 * S, connects=2, connected=True, heard_ns=None) is not None
+
+
+def test_control_resets_the_silence_and_its_doubling() -> None:
+    watch = SilenceWatch(10.0)
+    watch.check(0, connects=1, connected=True, heard_ns=None)
+    assert watch.check(10 * S, connects=1, connected=True, heard_ns=None) is not None
+    watch.check(11 * S, connects=2, connected=True, heard_ns=None)
+    # Control arrives on the new endpoint at 12 s, then stops: 10 s again, from 12 s.
+    assert watch.check(12 * S, connects=2, connected=True, heard_ns=12 * S) is None
+    assert watch.check(21 * S, connects=2, connected=True, heard_ns=12 * S) is None
+    assert watch.check(22 * S, connects=2, connected=True, heard_ns=12 * S) is not None
+
+
+def test_no_move_while_disconnected_and_the_count_restarts_on_connect() -> None:
+    watch = SilenceWatch(10.0)
+    watch.check(0, connects=0, connected=False, heard_ns=None)
+    assert watch.check(50 * S, connects=0, connected=False, heard_ns=None) is None
+    assert watch.check(51 * S, connects=1, connected=True, heard_ns=None) is None
+    assert watch.check(60 * S, connects=1, connected=True, heard_ns=None) is None
+    assert watch.check(61 * S, connects=1, connected=True, heard_ns=None) is not None
+
+
+def test_the_wait_stops_doubling_at_five_minutes() -> None:
+    watch = SilenceWatch(100.0)
+    now = 0
+    for connects in range(1, 7):
+        watch.check(now, connects=connects, connected=True, heard_ns=None)
+        now += watch.silence_ns
+        assert watch.check(now, connects=connects, connected=True, heard_ns=None) is not None
+    assert watch.silence_ns == 300 * S
