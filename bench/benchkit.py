@@ -172,27 +172,41 @@ def _stampable(payload: bytes) -> tuple[bytes, bytes]:
 
 
 def _floor(args: argparse.Namespace) -> dict[str, Any]:
-    """A bare aiomqtt subscriber that only counts, until ``count`` or ``timeout_s``."""
+    """A bare aiomqtt subscriber that only counts, until ``count`` or ``timeout_s``.
+
+    ``--until-disconnect``: the broker closing the connection (NATS server drops a slow
+    consumer) ends the count, reported as ``disconnected``, instead of failing the role.
+    """
     import asyncio
 
     import aiomqtt
 
     async def run() -> dict[str, Any]:
         times: list[float] = []
-        async with aiomqtt.Client(args.host, args.port, identifier=f"floor-{os.getpid()}") as c:
-            for topic in args.topic or ["polca/v1/#"]:
-                await c.subscribe(topic, qos=args.qos)
-            print(json.dumps({"ready": True}), flush=True)
+        ready, disconnected = False, False
+        try:
+            async with aiomqtt.Client(args.host, args.port, identifier=f"floor-{os.getpid()}") as c:
+                for topic in args.topic or ["polca/v1/#"]:
+                    await c.subscribe(topic, qos=args.qos)
+                print(json.dumps({"ready": True}), flush=True)
+                ready = True
 
-            async def count() -> None:
-                async for _ in c.messages:
-                    times.append(time.perf_counter())
-                    if len(times) >= args.count:
-                        return
+                async def count() -> None:
+                    async for _ in c.messages:
+                        times.append(time.perf_counter())
+                        if len(times) >= args.count:
+                            return
 
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(count(), args.timeout_s)
-        return _rate(times)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(count(), args.timeout_s)
+        except aiomqtt.MqttError:
+            if not (args.until_disconnect and ready):
+                raise
+            disconnected = True
+        result = _rate(times)
+        if args.until_disconnect:
+            result["disconnected"] = disconnected
+        return result
 
     return asyncio.run(run())
 
@@ -333,6 +347,7 @@ def _agents(args: argparse.Namespace) -> dict[str, Any]:
                 if endpoints
                 else [],
                 "subscription_qos_max": args.subscription_qos_max,
+                "connect_timeout_s": args.connect_timeout_s,
             },
             gpu={"backend": "simulated"},
             agent={
@@ -508,6 +523,11 @@ def _parser() -> argparse.ArgumentParser:
     floor = sub.choices["floor"]
     floor.add_argument("--topic", action="append", help="repeatable; default polca/v1/#")
     floor.add_argument("--timeout-s", type=float, default=120.0)
+    floor.add_argument(
+        "--until-disconnect",
+        action="store_true",
+        help="a disconnection ends the count (reported) instead of failing",
+    )
     agg = sub.choices["aggregator"]
     agg.add_argument("--config", required=True)
     agg.add_argument("--timeout-s", type=float, default=120.0)
@@ -516,6 +536,7 @@ def _parser() -> argparse.ArgumentParser:
     agents.add_argument("--port", type=int, required=True)
     agents.add_argument("--endpoints", default="", help="host:port,...: a broker cluster")
     agents.add_argument("--subscription-qos-max", type=int, default=1)
+    agents.add_argument("--connect-timeout-s", type=float, default=10.0)
     agents.add_argument("--site", default="bench")
     agents.add_argument("--row", default="row1")
     agents.add_argument("--nodes", required=True, help="rack/node,rack/node,...")

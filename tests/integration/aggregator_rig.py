@@ -10,8 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from tests.integration.rig import ROW, SITE, JsonLogProcess, mqtt_config
-from tests.mqtt_broker import MosquittoProcess
+from tests.integration.rig import ROW, SITE, Broker, JsonLogProcess, mqtt_config
 
 
 class AggregatorProcess(JsonLogProcess):
@@ -23,7 +22,7 @@ class AggregatorProcess(JsonLogProcess):
         self,
         workdir: Path,
         *,
-        broker: MosquittoProcess,
+        broker: Broker,
         policy: Path,
         racks: dict[str, list[str]],
         budget_w: float,

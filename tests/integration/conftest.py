@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end agent tests: an 8-GPU A100 fake node and a real broker."""
+"""Fixtures of the end-to-end agent tests: an 8-GPU A100 fake node and a real broker (one
+Mosquitto, or for ``broker`` also the 3-node NATS cluster)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,22 @@ from typing import Any, Protocol
 import pytest
 
 from tests.fake_nvml import FakeNvml
-from tests.integration.rig import AgentProcess
+from tests.integration.rig import AgentProcess, Broker, ClusterBroker
 from tests.mqtt_broker import MosquittoProcess
+from tests.nats_cluster import NatsCluster, nats_cluster, nats_cluster_factory
+
+__all__ = ["a100_node", "agent_factory", "broker", "nats_cluster", "nats_cluster_factory"]
+
+
+@pytest.fixture(params=["mosquitto", "nats-cluster"])
+def broker(request: pytest.FixtureRequest) -> Broker:
+    """The core scenarios' broker: one Mosquitto, then the 3-node NATS cluster (every
+    process given the three endpoints)."""
+    if request.param == "mosquitto":
+        mosquitto: MosquittoProcess = request.getfixturevalue("mosquitto")
+        return mosquitto
+    cluster: NatsCluster = request.getfixturevalue("nats_cluster")
+    return ClusterBroker.of(cluster)
 
 
 @pytest.fixture

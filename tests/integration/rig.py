@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import aiomqtt
 import yaml
@@ -29,21 +30,51 @@ from polca.telemetry.schema import Control, Message, decode, encode
 from tests.fake_nvml import FakeNvml
 from tests.mqtt_broker import MosquittoProcess
 
+if TYPE_CHECKING:
+    from tests.nats_cluster import NatsCluster
+
 ROOT = Path(__file__).resolve().parents[2]
 A100_POLICY = ROOT / "policies" / "polca-a100.yaml"
 SITE, ROW, RACK, NODE = "dc1", "row1", "rack1", "node1"
 S = 1_000_000_000
 
 
-def mqtt_config(broker: MosquittoProcess) -> dict[str, Any]:
-    """The ``mqtt`` settings group of a process under test: ``broker``, fast reconnects."""
-    return {
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterBroker:
+    """A clustered broker as the processes under test see it: every node's endpoint (each
+    process starts on the first; ``turned`` gives the list starting elsewhere), and one
+    node (``host``, ``port``) for the test's own probes."""
+
+    host: str
+    port: int
+    endpoints: tuple[str, ...]
+
+    @classmethod
+    def of(cls, cluster: NatsCluster, *, first: int = 0) -> ClusterBroker:
+        """The cluster's MQTT endpoints, starting with node ``first``."""
+        named = [f"{host}:{port}" for host, port in cluster.mqtt_endpoints]
+        host, port = cluster.mqtt_endpoints[first]
+        return cls(host, port, tuple(named[first:] + named[:first]))
+
+
+Broker = MosquittoProcess | ClusterBroker
+"""What a process under test connects to: one Mosquitto, or the nodes of a cluster."""
+
+
+def mqtt_config(broker: Broker) -> dict[str, Any]:
+    """The ``mqtt`` settings group of a process under test: ``broker``, fast reconnects;
+    on a cluster, its endpoints and QoS 0 subscriptions (as docs/mqtt.md advises)."""
+    config: dict[str, Any] = {
         "host": broker.host,
         "port": broker.port,
         "reconnect_min_s": 0.05,
         "reconnect_max_s": 0.5,
         "keepalive_s": 5,
     }
+    if isinstance(broker, ClusterBroker):
+        config["endpoints"] = list(broker.endpoints)
+        config["subscription_qos_max"] = 0
+    return config
 
 
 class JsonLogProcess:
@@ -157,7 +188,7 @@ class AgentProcess(JsonLogProcess):
         workdir: Path,
         *,
         fake: FakeNvml,
-        broker: MosquittoProcess,
+        broker: Broker,
         policy: Path = A100_POLICY,
         observe_only: bool = False,
         startup_grace_s: float = 30.0,
@@ -197,7 +228,7 @@ class AgentProcess(JsonLogProcess):
         return env
 
 
-async def polca_status(broker: MosquittoProcess, *args: str) -> subprocess.CompletedProcess[str]:
+async def polca_status(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
     """``polca status --broker ... --site SITE ARGS`` as a user runs it (off the event loop)."""
     argv = [sys.executable, "-m", "polca", "status", "--broker", f"{broker.host}:{broker.port}"]
     return await asyncio.to_thread(
@@ -226,8 +257,9 @@ async def wait_until(
 class MqttProbe:
     """The test's MQTT client: records the node's messages, publishes control."""
 
-    def __init__(self, client: aiomqtt.Client) -> None:
+    def __init__(self, client: aiomqtt.Client, *, qos: int = 1) -> None:
         self.client = client
+        self.qos = qos  # of what it publishes live (not retained)
         self.messages: list[tuple[str, Message, bool]] = []
         self.raw: list[tuple[str, bytes, bool]] = []
         self.epoch_ns = time.time_ns()
@@ -273,8 +305,8 @@ class MqttProbe:
         return control
 
     async def publish_raw(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        """Publish arbitrary bytes."""
-        await self.client.publish(topic, payload, qos=1, retain=retain)
+        """Publish arbitrary bytes (QoS 1 retained; live at the probe's QoS)."""
+        await self.client.publish(topic, payload, qos=1 if retain else self.qos, retain=retain)
 
     async def clear_retained(self, topic: str) -> None:
         """Remove the retained message of ``topic`` (an empty retained payload)."""
@@ -291,14 +323,17 @@ class MqttProbe:
 
 
 @contextlib.asynccontextmanager
-async def mqtt_probe(broker: MosquittoProcess) -> AsyncIterator[MqttProbe]:
-    """A connected probe subscribed to every polca topic of the test site."""
+async def mqtt_probe(broker: Broker) -> AsyncIterator[MqttProbe]:
+    """A connected probe subscribed to every polca topic of the test site. On a cluster it
+    subscribes and publishes live messages at QoS 0, like the processes under test: a QoS 1
+    subscription there is a JetStream consumer, whose node dies with the one killed."""
     client = aiomqtt.Client(
         broker.host, broker.port, identifier=f"probe-{os.getpid()}-{time.time_ns()}"
     )
+    qos = 0 if isinstance(broker, ClusterBroker) else 1
     async with client:
-        await client.subscribe(f"polca/v1/{SITE}/#", qos=1)
-        probe = MqttProbe(client)
+        await client.subscribe(f"polca/v1/{SITE}/#", qos=qos)
+        probe = MqttProbe(client, qos=qos)
         task = asyncio.create_task(probe._pump())
         try:
             yield probe

@@ -7,9 +7,10 @@ instances configured for the same row (``ha``), two agents on fake NVML nodes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tests.integration.rig import (
     ROW,
     SITE,
     AgentProcess,
+    Broker,
     MqttProbe,
     mqtt_probe,
     polca_status,
@@ -48,8 +50,18 @@ class Shard:
     """Two agents, two aggregators of one shard, on one broker and one etcd cluster."""
 
     def __init__(
-        self, tmp_path: Path, broker: MosquittoProcess, lib: Path, etcd: EtcdCluster
+        self,
+        tmp_path: Path,
+        broker: Broker,
+        lib: Path,
+        etcd: EtcdCluster,
+        *,
+        placement: Callable[[str], Broker] | None = None,
+        lease_s: float = LEASE_S,
     ) -> None:
+        """``placement`` gives each process (node or instance name) its own broker view (a
+        cluster's endpoints starting at another node); by default all share ``broker``."""
+        place = placement or (lambda _name: broker)
         self.policy = _test_policy(tmp_path)
         self.nodes: dict[str, FakeNvml] = {}
         self.agents: dict[str, AgentProcess] = {}
@@ -63,7 +75,7 @@ class Shard:
                 self.agents[name] = AgentProcess(
                     tmp_path / f"agent-{name}",
                     fake=fake,
-                    broker=broker,
+                    broker=place(name),
                     policy=self.policy,
                     startup_grace_s=60,
                     node=name,
@@ -73,11 +85,11 @@ class Shard:
         self.aggregators = {
             name: AggregatorProcess(
                 tmp_path / f"aggregator-{name}",
-                broker=broker,
+                broker=place(name),
                 policy=self.policy,
                 racks=RACKS,
                 budget_w=BUDGET_W,
-                lease_s=LEASE_S,
+                lease_s=lease_s,
                 extra={
                     "instance": name,
                     "ha": {
@@ -128,7 +140,15 @@ def _row_controls(probe: MqttProbe, start: int = 0) -> list[Control]:
 @pytest.fixture
 async def at_t2(shard: Shard, mosquitto: MosquittoProcess) -> AsyncIterator[MqttProbe]:
     """Everything started, the row metered at 92% (T2) and capped there."""
-    async with mqtt_probe(mosquitto) as probe:
+    async with row_at_t2(shard, mosquitto) as probe:
+        yield probe
+
+
+@contextlib.asynccontextmanager
+async def row_at_t2(shard: Shard, broker: Broker) -> AsyncIterator[MqttProbe]:
+    """Start every process of ``shard``, meter the row at 92% (T2) through ``broker`` and
+    wait until it is capped there; the probe (on ``broker``) sees every message."""
+    async with mqtt_probe(broker) as probe:
         for agent in shard.agents.values():
             agent.start()
         for aggregator in shard.aggregators.values():

@@ -41,11 +41,11 @@ from tests.integration.rig import (
     ROW,
     SITE,
     AgentProcess,
+    Broker,
     MqttProbe,
     mqtt_probe,
     wait_until,
 )
-from tests.mqtt_broker import MosquittoProcess
 
 BUDGET_W = 10_000.0
 BASE = f"polca/v1/{SITE}/{ROW}"
@@ -194,9 +194,9 @@ async def _feed_meter(probe: MqttProbe, pct: float) -> None:
 
 
 @pytest.fixture
-async def probe(mosquitto: MosquittoProcess) -> AsyncIterator[MqttProbe]:
+async def probe(broker: Broker) -> AsyncIterator[MqttProbe]:
     """The test's client, poison published retained before any daemon starts."""
-    async with mqtt_probe(mosquitto) as client:
+    async with mqtt_probe(broker) as client:
         await _publish_poison(client)
         yield client
 
@@ -212,23 +212,24 @@ def _alive(*processes: AgentProcess | AggregatorProcess) -> bool:
 
 async def test_poison_retained_on_every_topic_kills_nothing_and_caps_still_apply(
     tmp_path: Path,
-    mosquitto: MosquittoProcess,
+    broker: Broker,
     a100_node: FakeNvml,
     probe: MqttProbe,
 ) -> None:
-    """Both daemons stay up on a poisoned broker, across a restart, and T2 still caps."""
+    """Both daemons stay up on a poisoned broker, across a restart, and T2 still caps;
+    on one Mosquitto and on the NATS cluster (each process on its endpoints)."""
     policy = _policy(tmp_path)
     agent = AgentProcess(
         tmp_path / "agent",
         fake=a100_node,
-        broker=mosquitto,
+        broker=broker,
         policy=policy,
         startup_grace_s=60,
         extra={"agent": {"control_issuers": ["agg1"]}},
     )
     aggregator = AggregatorProcess(
         tmp_path / "aggregator",
-        broker=mosquitto,
+        broker=broker,
         policy=policy,
         racks={"rack1": ["node1"], "rack2": ["node2"]},
         budget_w=BUDGET_W,
@@ -283,13 +284,13 @@ async def test_poison_retained_on_every_topic_kills_nothing_and_caps_still_apply
 
 
 async def test_agent_refuses_a_spoofed_issuer(
-    tmp_path: Path, mosquitto: MosquittoProcess, a100_node: FakeNvml, probe: MqttProbe
+    tmp_path: Path, broker: Broker, a100_node: FakeNvml, probe: MqttProbe
 ) -> None:
     """With control_issuers set, control from another issuer never applies."""
     agent = AgentProcess(
         tmp_path / "agent",
         fake=a100_node,
-        broker=mosquitto,
+        broker=broker,
         policy=_policy(tmp_path),
         startup_grace_s=60,
         extra={"agent": {"control_issuers": ["agg1"]}},

@@ -579,7 +579,8 @@ class MqttBus:
         if self._subscriptions:
             subscriptions = self._subscriptions
             self._subscriptions_changed.clear()
-            await client.subscribe(self._granted(subscriptions))
+            granted = self._granted(subscriptions)
+            self._note_refused(granted, await client.subscribe(granted))
             self._subscribed = subscriptions
             _raise_if_cancelling()
         # The outbox, and the subscriptions ``resubscribe`` changes, side by side; either
@@ -604,9 +605,20 @@ class MqttBus:
             if gone:
                 await client.unsubscribe(gone)
             if new:
-                await client.subscribe(self._granted(new))
+                granted = self._granted(new)
+                self._note_refused(granted, await client.subscribe(granted))
             self._subscribed = wanted
             _raise_if_cancelling()
+
+    def _note_refused(self, asked: Sequence[tuple[str, int]], result: object) -> None:
+        """Log each subscription the broker refused (SUBACK 0x80 or above): its messages
+        will never come, e.g. a filter wider than the user's permissions on NATS, which
+        refuses it where Mosquitto accepts it and filters each message."""
+        codes = list(result) if isinstance(result, (list, tuple)) else []
+        for (topic, _), code in zip(asked, codes, strict=False):
+            value = code if isinstance(code, int) else getattr(code, "value", 0)
+            if isinstance(value, int) and value >= 0x80:
+                self._log.warning("mqtt_subscription_refused", topic=topic, code=value)
 
     def _granted(self, subscriptions: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
         """The subscriptions at their QoS, capped by ``mqtt.subscription_qos_max``."""

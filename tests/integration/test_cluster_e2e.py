@@ -1,0 +1,198 @@
+"""The core end-to-end scenarios on the 3-node NATS cluster: a row over T2 caps its agents,
+the leading aggregator killed (a standby leads), the broker node under the leader killed
+(every process moves to another node), and one node cut off from the other two.
+
+Every process gets the three endpoints, starting on its own node (aggregators agg1 and
+agg2 on nodes 1 and 2, agents node1 and node2 likewise), with QoS 0 subscriptions as
+docs/mqtt.md advises; the test's probe sits on node 0, which is never killed. The control
+lease is 30 s, as docs/mqtt.md advises on a cluster: a node lost makes the cluster elect
+new JetStream leaders, and clients that reconnect meanwhile wait for them (5 to 12 s
+measured, bench/bench_broker_failover.py). The hostile retained messages run on the
+cluster in test_hostile_retained.py (its ``broker`` fixture).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from polca.telemetry.schema import Control, Status
+from tests.etcd import EtcdCluster
+from tests.integration.rig import ROW, ClusterBroker, MqttProbe, wait_until
+from tests.integration.test_ha_e2e import INSTANCES, Shard, row_at_t2
+from tests.nats_cluster import NatsCluster
+
+CLUSTER_LEASE_S = 30.0
+PLACES = {"agg1": 1, "node1": 1, "agg2": 2, "node2": 2}
+"""The node each process starts on (the first of its endpoints)."""
+
+
+@pytest.fixture
+def cluster_shard(
+    tmp_path: Path, nats_cluster: NatsCluster, fake_nvml_lib: Path, etcd: EtcdCluster
+) -> Iterator[Shard]:
+    made = Shard(
+        tmp_path,
+        ClusterBroker.of(nats_cluster),
+        fake_nvml_lib,
+        etcd,
+        placement=lambda name: ClusterBroker.of(nats_cluster, first=PLACES[name]),
+        lease_s=CLUSTER_LEASE_S,
+    )
+    yield made
+    made.kill_all()
+
+
+@pytest.fixture
+async def on_cluster_at_t2(
+    cluster_shard: Shard, nats_cluster: NatsCluster
+) -> AsyncIterator[MqttProbe]:
+    async with row_at_t2(cluster_shard, ClusterBroker.of(nats_cluster)) as probe:
+        yield probe
+
+
+def _controls(probe: MqttProbe, start: int = 0) -> list[Control]:
+    return [
+        m
+        for m in probe.of("control")[start:]
+        if isinstance(m, Control) and m.scope == "row" and m.row == ROW
+    ]
+
+
+def _endpoints(probe: MqttProbe) -> dict[str, str | None]:
+    """Each process's endpoint, from its latest online status."""
+    seen: dict[str, str | None] = {}
+    for message in probe.of("status"):
+        if isinstance(message, Status) and message.state == "online":
+            seen[message.node] = message.mqtt_endpoint
+    return seen
+
+
+def _fell(shard: Shard) -> list[str]:
+    return [
+        name
+        for name, agent in shard.agents.items()
+        if [e for e in agent.logs() if e.get("event") == "fail_safe_entered"]
+    ]
+
+
+async def test_row_over_t2_caps_its_agents_and_a_standby_takes_over(
+    cluster_shard: Shard, on_cluster_at_t2: MqttProbe, nats_cluster: NatsCluster
+) -> None:
+    """At T2 on the cluster, each process on its own node (its status says which); the
+    leader killed, the standby's control reaches both agents through the other nodes."""
+    probe = on_cluster_at_t2
+    endpoints = [f"{h}:{p}" for h, p in nats_cluster.mqtt_endpoints]
+    await wait_until(lambda: set(_endpoints(probe)) >= set(PLACES), what="every status")
+    assert {name: _endpoints(probe)[name] for name in PLACES} == {
+        name: endpoints[index] for name, index in PLACES.items()
+    }
+    old = _controls(probe)[-1]
+    (standby,) = [name for name in INSTANCES if name != old.issuer]
+    start = len(probe.of("control"))
+    cluster_shard.aggregators[old.issuer].kill()
+    await wait_until(
+        lambda: any(c.issuer == standby for c in _controls(probe, start)),
+        timeout_s=15,
+        what="the standby's first control",
+    )
+    await asyncio.sleep(2.0)
+    after = _controls(probe, start)
+    assert {c.level for c in after} == {2}
+    assert all(c.term > old.term for c in after if c.issuer == standby)
+    assert cluster_shard.at_t2()
+    assert _fell(cluster_shard) == []
+
+
+async def test_the_leaders_broker_node_killed_every_process_moves_and_the_row_stays_at_t2(
+    cluster_shard: Shard, on_cluster_at_t2: MqttProbe, nats_cluster: NatsCluster
+) -> None:
+    """SIGKILL the broker node the leading aggregator and one agent are on: both connect to
+    another node (their status names it), the row's control stays at T2 throughout, and no
+    agent applies its fail-safe caps."""
+    probe = on_cluster_at_t2
+    await wait_until(lambda: set(_endpoints(probe)) >= set(PLACES), what="every status")
+    leader = _controls(probe)[-1].issuer
+    index = PLACES[leader]
+    lost = f"{nats_cluster.mqtt_endpoints[index][0]}:{nats_cluster.mqtt_endpoints[index][1]}"
+    moving = {name for name, where in _endpoints(probe).items() if where == lost}
+    assert leader in moving
+    assert len(moving) == 2  # the leader and the agent on the same node
+    start = len(probe.of("control"))
+    killed = time.monotonic()
+    await asyncio.to_thread(nats_cluster.kill, index)
+    await wait_until(
+        lambda: all(_endpoints(probe).get(name) not in (None, lost) for name in moving),
+        timeout_s=CLUSTER_LEASE_S,
+        what="every process of the lost node on another one",
+    )
+    moved_s = time.monotonic() - killed
+    moved_ns = time.time_ns()
+    await wait_until(
+        lambda: any(c.issued_ns > moved_ns for c in _controls(probe, start)),
+        timeout_s=10,
+        what="control after the move",
+    )
+    await asyncio.sleep(2.0)
+    after = _controls(probe, start)
+    assert {c.level for c in after} == {2}, [(c.issuer, c.level) for c in after]
+    assert cluster_shard.at_t2()
+    assert _fell(cluster_shard) == [], f"moved in {moved_s:.1f} s"
+    for name in moving:  # the move is logged as a failover
+        process = (
+            cluster_shard.aggregators[name]
+            if name in cluster_shard.aggregators
+            else cluster_shard.agents[name]
+        )
+        moved = await process.wait_log("mqtt_connected", where=lambda e: e.get("failover") is True)
+        assert moved["endpoint"] != lost
+
+
+async def test_a_node_cut_off_from_the_others_leads_no_agent_to_a_stale_leader(
+    cluster_shard: Shard, on_cluster_at_t2: MqttProbe, nats_cluster: NatsCluster
+) -> None:
+    """Pause the leader and cut its broker node off from the other two (its cluster
+    routes) until the standby leads. The agent on the cut-off node hears neither leader:
+    the old one, resumed there, publishes nothing (its etcd deadline passed), and the new
+    one's control cannot cross. After 10 s of silence (``control_silence_failover_s``) it
+    moves to a node of the majority, inside its 30 s lease. Healed, every control is the
+    new leader's, at T2, and no agent fell to its fail-safe caps."""
+    probe = on_cluster_at_t2
+    await wait_until(lambda: set(_endpoints(probe)) >= set(PLACES), what="every status")
+    leader = _controls(probe)[-1].issuer
+    (standby,) = [name for name in INSTANCES if name != leader]
+    index = PLACES[leader]
+    lost = f"{nats_cluster.mqtt_endpoints[index][0]}:{nats_cluster.mqtt_endpoints[index][1]}"
+    (cut_agent,) = [n for n, i in PLACES.items() if i == index and n in cluster_shard.agents]
+    old = cluster_shard.aggregators[leader]
+    old.signal(signal.SIGSTOP)  # first, so nothing it sent before the cut arrives after it
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(nats_cluster.isolate, index)
+    try:
+        await wait_until(
+            lambda: any(c.issuer == standby for c in _controls(probe)[-3:]),
+            timeout_s=20,
+            what="the standby leading",
+        )
+    finally:
+        old.signal(signal.SIGCONT)
+    await wait_until(  # silent for 10 s (control_silence_failover_s): it moves on
+        lambda: _endpoints(probe).get(cut_agent) not in (None, lost),
+        timeout_s=25,
+        what=f"{cut_agent} on a node of the majority",
+    )
+    await cluster_shard.agents[cut_agent].wait_log("broker_silent_moving_on")
+    await asyncio.to_thread(nats_cluster.heal, index)
+    healed = len(probe.of("control"))
+    await asyncio.sleep(3.0)
+    after = _controls(probe, healed)
+    assert after, "no control after the heal"
+    assert {c.issuer for c in after} == {standby}  # the deposed leader published nothing
+    assert {c.level for c in after} == {2}
+    assert cluster_shard.at_t2()
+    assert _fell(cluster_shard) == []
