@@ -43,7 +43,8 @@ RACKS, NODES_PER_RACK = 4, 32
 TOPIC = f"polca/v1/{SITE}/{ROW}/+/+/telemetry"
 
 
-def _config(workdir: Path, *, port: int, influx_url: str) -> Path:
+def aggregator_config(workdir: Path, *, mqtt: dict[str, Any], influx_url: str) -> Path:
+    """The aggregator of the benchmark's row (128 nodes), admission out of the way."""
     from bench.benchkit import node_name
 
     config = {
@@ -51,7 +52,7 @@ def _config(workdir: Path, *, port: int, influx_url: str) -> Path:
         "instance": "bench",
         "policy_file": str(REPO / "policies" / "polca-h100.yaml"),
         "state_dir": str(workdir / "state"),
-        "mqtt": {"host": "127.0.0.1", "port": port, "inbox_size": 200_000},
+        "mqtt": {**mqtt, "inbox_size": 200_000},
         "influx": {"url": influx_url, "api": "v2"},
         "rows": [
             {
@@ -139,7 +140,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         broker.start()
         vm.start()
         try:
-            config = _config(workdir, port=broker.port, influx_url=vm.url)
+            config = aggregator_config(
+                workdir, mqtt={"host": "127.0.0.1", "port": broker.port}, influx_url=vm.url
+            )
             per_qos: dict[str, Any] = {}
             for qos in (0, 1):
                 floors: list[dict[str, Any]] = []

@@ -42,18 +42,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.bench_ha import (  # noqa: E402
+    BUDGET_W,
+    INSTANCES,
+    ROW,
+    SITE,
+    T2_PCT,
+    TARGET_S,
+    aggregator_config,
+    start_aggregator,
+    wait_for,
+)
 from bench.benchkit import Child, median, release_policy, write_result  # noqa: E402
-
-SITE, ROW = "bench", "row1"
-INSTANCES = ("agg-a", "agg-b")
-BUDGET_W = 10_000.0
-T2_PCT = 95.0
-TARGET_S = 3.0
 
 
 def _p99(values: list[float]) -> float | None:
@@ -153,16 +156,6 @@ class Watch:
             client.disconnect()
 
 
-def _wait(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    msg = f"timed out after {timeout_s} s waiting for {what}"
-    raise RuntimeError(msg)
-
-
 def _floor_connect(host: str, port: int, timeout_s: float) -> float | None:
     """Seconds a bare client (its own process) takes to connect and subscribe to a node."""
     code = (
@@ -190,54 +183,6 @@ def _floor_connect(host: str, port: int, timeout_s: float) -> float | None:
     )
     text = done.stdout.strip()
     return float(text) if text else None
-
-
-def _aggregator_config(
-    workdir: Path,
-    *,
-    name: str,
-    endpoints: list[str],
-    policy: Path,
-    etcd: list[str],
-    nodes: list[str],
-    qos_max: int,
-    lease_s: float,
-    connect_timeout_s: float,
-) -> Path:
-    config = {
-        "site": SITE,
-        "instance": name,
-        "policy_file": str(policy),
-        "state_dir": str(workdir / name),
-        "mqtt": {
-            "endpoints": endpoints,
-            "subscription_qos_max": qos_max,
-            "connect_timeout_s": connect_timeout_s,
-        },
-        "control": {"interval_s": 1.0, "warmup_s": 1.0, "lease_s": lease_s},
-        "ha": {"etcd_endpoints": etcd, "shard": ROW, "peers": list(INSTANCES)},
-        "rows": [
-            {
-                "name": ROW,
-                "budget_w": BUDGET_W,
-                "racks": [{"name": "r0", "nodes": [{"name": n} for n in nodes]}],
-            }
-        ],
-        "logging": {"level": "warning", "format": "json"},
-    }
-    path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
-
-
-def _start_aggregator(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "polca", "aggregator", "--config", str(config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scenario
@@ -269,21 +214,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
             f"--connect-timeout-s={args.connect_timeout_s}",
         )
         configs = {
-            name: _aggregator_config(
+            name: aggregator_config(
                 workdir,
                 name=name,
-                endpoints=endpoints[i:] + endpoints[:i],
+                mqtt={
+                    "endpoints": endpoints[i:] + endpoints[:i],
+                    "subscription_qos_max": args.subscription_qos_max,
+                    "connect_timeout_s": args.connect_timeout_s,
+                },
                 policy=policy,
                 etcd=etcd.endpoints,
                 nodes=nodes,
-                qos_max=args.subscription_qos_max,
                 lease_s=args.lease_s,
-                connect_timeout_s=args.connect_timeout_s,
             )
             for i, name in enumerate(INSTANCES)
         }
         logs = {name: workdir / f"{name}.log" for name in INSTANCES}
-        procs = {name: _start_aggregator(configs[name], logs[name]) for name in INSTANCES}
+        procs = {name: start_aggregator(configs[name], logs[name]) for name in INSTANCES}
         watch = Watch(cluster.mqtt_endpoints)
         reconnects: list[float] = []
         floors: list[float] = []
@@ -291,8 +238,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
         below_t2 = 0
         processes = {*nodes, *INSTANCES}
         try:
-            _wait(lambda: any(c[2] == 2 for c in watch.controls_since(0)), 90, "the row at T2")
-            _wait(lambda: set(watch.endpoint) >= processes, 60, "every process's status")
+            wait_for(lambda: any(c[2] == 2 for c in watch.controls_since(0)), 90, "the row at T2")
+            wait_for(lambda: set(watch.endpoint) >= processes, 60, "every process's status")
             time.sleep(3.0)
             with watch.lock:
                 watch.fell.clear()  # from here on, any agent at fail-safe counts
@@ -312,7 +259,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
                     named = {n for _, n, e in watch.births_since(killed) if e != endpoint}  # noqa: B023 - bound per kill
                     return moved <= named
 
-                _wait(back, 60, f"every client of {endpoint} on another node")
+                wait_for(back, 60, f"every client of {endpoint} on another node")
                 times = {}
                 for at, name, where in watch.births_since(killed):
                     if name in moved and where != endpoint and name not in times:

@@ -64,8 +64,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -329,44 +327,11 @@ def _ladder(
 
 def _aggregator_config(workdir: Path, *, endpoints: Sequence[Endpoint], influx_url: str) -> Path:
     """``bench_aggregator``'s configuration, on the cluster from node 2 on, QoS 0."""
-    from bench.benchkit import node_name
+    from bench.bench_aggregator import aggregator_config
 
     ordered = [*endpoints[2:], *endpoints[:2]]
-    config = {
-        "site": SITE,
-        "instance": "bench",
-        "policy_file": str(REPO / "policies" / "polca-h100.yaml"),
-        "state_dir": str(workdir / "state"),
-        "mqtt": {
-            "endpoints": [f"{host}:{port}" for host, port in ordered],
-            "subscription_qos_max": 0,
-            "inbox_size": 200_000,
-        },
-        "influx": {"url": influx_url, "api": "v2"},
-        "rows": [
-            {
-                "name": ROW,
-                "budget_w": 1e6,
-                "racks": [
-                    {
-                        "name": f"r{r}",
-                        "nodes": [{"name": node_name(r, n)} for n in range(NODES_PER_RACK)],
-                    }
-                    for r in range(RACKS)
-                ],
-            }
-        ],
-        "intake": {
-            "telemetry_per_s": 10_000,
-            "telemetry_burst": 100_000,
-            "bytes_per_s": 1e12,
-            "bytes_burst": 2**40,
-        },
-        "logging": {"level": "error", "format": "json"},
-    }
-    path = workdir / "aggregator.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
+    mqtt = {"endpoints": [f"{host}:{port}" for host, port in ordered], "subscription_qos_max": 0}
+    return aggregator_config(workdir, mqtt=mqtt, influx_url=influx_url)
 
 
 def _drains(

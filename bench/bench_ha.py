@@ -106,7 +106,8 @@ class Watch:
         self.client.disconnect()
 
 
-def _wait(predicate: Any, timeout_s: float, what: str) -> None:
+def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` until true; RuntimeError naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -116,16 +117,24 @@ def _wait(predicate: Any, timeout_s: float, what: str) -> None:
     raise RuntimeError(msg)
 
 
-def _aggregator_config(
-    workdir: Path, *, name: str, port: int, policy: Path, etcd: list[str], nodes: list[str]
+def aggregator_config(
+    workdir: Path,
+    *,
+    name: str,
+    mqtt: dict[str, Any],
+    policy: Path,
+    etcd: list[str],
+    nodes: list[str],
+    lease_s: float = 10.0,
 ) -> Path:
+    """The configuration of one instance of the benchmark's shard (one row, rack r0)."""
     config = {
         "site": SITE,
         "instance": name,
         "policy_file": str(policy),
         "state_dir": str(workdir / name),
-        "mqtt": {"host": "127.0.0.1", "port": port},
-        "control": {"interval_s": 1.0, "lease_s": 10.0, "warmup_s": 1.0},
+        "mqtt": mqtt,
+        "control": {"interval_s": 1.0, "lease_s": lease_s, "warmup_s": 1.0},
         "ha": {"etcd_endpoints": etcd, "shard": ROW, "peers": list(INSTANCES)},
         "rows": [
             {
@@ -141,7 +150,8 @@ def _aggregator_config(
     return path
 
 
-def _start_aggregator(config: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_aggregator(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``polca aggregator --config CONFIG``, its output appended to ``log``."""
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "polca", "aggregator", "--config", str(config)],
@@ -176,10 +186,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "--sample-interval-s=1.0",
         )
         configs = {
-            name: _aggregator_config(
+            name: aggregator_config(
                 workdir,
                 name=name,
-                port=broker.port,
+                mqtt={"host": "127.0.0.1", "port": broker.port},
                 policy=policy,
                 etcd=etcd.endpoints,
                 nodes=nodes,
@@ -187,13 +197,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in INSTANCES
         }
         logs = {name: workdir / f"{name}.log" for name in INSTANCES}
-        procs = {name: _start_aggregator(configs[name], logs[name]) for name in INSTANCES}
+        procs = {name: start_aggregator(configs[name], logs[name]) for name in INSTANCES}
         watch = Watch(broker.port)
         takeovers: list[float] = []
         below_t2 = 0
         try:
-            _wait(lambda: any(c[3] == 2 for c in watch.since(0)), 60, "the row at T2")
-            _wait(lambda: len(watch.fail_safe) == args.agents, 30, "every agent's state")
+            wait_for(lambda: any(c[3] == 2 for c in watch.since(0)), 60, "the row at T2")
+            wait_for(lambda: len(watch.fail_safe) == args.agents, 30, "every agent's state")
             time.sleep(3.0)
             with watch.lock:
                 watch.fell.clear()  # from here on, any agent at fail-safe counts
@@ -203,14 +213,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 procs[leader].send_signal(signal.SIGKILL)
                 procs[leader].wait()
                 killed = time.monotonic()
-                _wait(
+                wait_for(
                     lambda s=standby, k=killed: any(c[1] == s for c in watch.since(k)),
                     15,
                     f"{standby}'s first control",
                 )
                 first = next(c for c in watch.since(killed) if c[1] == standby)
                 takeovers.append(first[0] - killed)
-                procs[leader] = _start_aggregator(configs[leader], logs[leader])
+                procs[leader] = start_aggregator(configs[leader], logs[leader])
                 time.sleep(args.settle_s)  # the restarted instance warms up as the standby
                 window = watch.since(killed)
                 below_t2 += sum(1 for c in window if c[3] < 2)

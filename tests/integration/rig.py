@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -50,11 +50,16 @@ class ClusterBroker:
     endpoints: tuple[str, ...]
 
     @classmethod
-    def of(cls, cluster: NatsCluster, *, first: int = 0) -> ClusterBroker:
-        """The cluster's MQTT endpoints, starting with node ``first``."""
+    def of(
+        cls, cluster: NatsCluster, *, first: int = 0, order: Sequence[int] | None = None
+    ) -> ClusterBroker:
+        """The cluster's MQTT endpoints, starting with node ``first`` (the others in node
+        order after it), or in the ``order`` of node indices given."""
         named = [f"{host}:{port}" for host, port in cluster.mqtt_endpoints]
-        host, port = cluster.mqtt_endpoints[first]
-        return cls(host, port, tuple(named[first:] + named[:first]))
+        count = len(named)
+        indices = list(order) if order is not None else [(first + i) % count for i in range(count)]
+        host, port = cluster.mqtt_endpoints[indices[0]]
+        return cls(host, port, tuple(named[i] for i in indices))
 
 
 Broker = MosquittoProcess | ClusterBroker

@@ -239,10 +239,16 @@ class Agent:
         """Emit what the core asked for: its log lines, its messages, systemd's status."""
         for line in effects.logs:
             getattr(self.log, line.level)(line.event, **line.fields)
+        status_topic = self.core.topics.node(self.core.addr, "status")
         for message in effects.messages:
+            if message.topic == status_topic and not self._connected():
+                continue  # the next connection's birth carries the status as it is then
             self._publish(message)
         if effects.status_line is not None:
             self.notifier.status(effects.status_line)
+
+    def _connected(self) -> bool:
+        return self.bus is not None and self.bus.connected.is_set()
 
     def _publish(self, message: OutMessage) -> None:
         # Before the bus exists (start-up), a message has nowhere to go: dropped.

@@ -219,6 +219,12 @@ class Aggregator:
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
         return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
 
+    def _publish_status(self) -> None:
+        """The status now, when connected; otherwise the next connection's birth carries
+        it (a status queued meanwhile would arrive after the birth's, naming no endpoint)."""
+        if self.bus is not None and self.bus.connected.is_set():
+            self._publish(self._status_message("online"))
+
     def _birth(self) -> list[OutMessage]:
         """What every new control connection publishes first: the status (naming the
         endpoint) and the policies."""
@@ -269,7 +275,7 @@ class Aggregator:
             self._event("leader_changed", **change.detail)
             if self.sinks:
                 self.sinks.write([self.core.leader_point(change, now_ns=self.clock_ns())])
-        self._publish(self._status_message("online"))
+        self._publish_status()
         self.notifier.status(self.core.status_line())
 
     # ------------------------------------------------------------------ control
@@ -352,5 +358,5 @@ class Aggregator:
     def _policy_changed(self) -> None:
         for message in self._policy_messages():
             self._publish(message)
-        self._publish(self._status_message("online"))
+        self._publish_status()
         self._event("policy_published", revision=self.policy.revision)

@@ -451,7 +451,8 @@ class MqttBus:
                         delays = self._new_backoff()
                     self._last_error = str(exc)
                     delay_s = next(delays)
-                    self._log.warning(
+                    # A one-shot command says why it failed in one line at the end.
+                    (self._log.warning if rounds_left is None else self._log.debug)(
                         "mqtt_disconnected",
                         error=str(exc),
                         was_connected=connected,
