@@ -217,6 +217,8 @@ class Aggregator:
             self.bus.publish_nowait(message)
 
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
+        if self.bus is not None:  # the endpoint is known before the bus says it is connected
+            self.core.mqtt_endpoint = self.bus.stats.endpoint
         return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
 
     def _publish_status(self) -> None:
@@ -228,8 +230,6 @@ class Aggregator:
     def _birth(self) -> list[OutMessage]:
         """What every new control connection publishes first: the status (naming the
         endpoint) and the policies."""
-        bus = self.bus
-        self.core.mqtt_endpoint = bus.stats.endpoint if bus is not None else None
         return [self._status_message("online"), *self._policy_messages()]
 
     def _policy_messages(self) -> list[OutMessage]:
