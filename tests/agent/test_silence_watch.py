@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polca.agent.runtime import SilenceWatch
+from polca.agent.silence import SilenceWatch
 
 S = 1_000_000_000
 

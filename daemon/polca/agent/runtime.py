@@ -45,6 +45,7 @@ from polca.agent.core import AgentCore
 from polca.agent.gpus import NodeGpus
 from polca.agent.plans import Effects
 from polca.agent.points import agent_points
+from polca.agent.silence import SilenceWatch
 from polca.agent.window import TelemetryWindow
 from polca.assign.model import AssignmentUpdate
 from polca.errors import GpuError
@@ -93,6 +94,7 @@ class Agent:
             identity=messages.Identity(settings.gpu.backend, a.observe_only, clock_ns()),
             assignment_source=settings.assignment.source,
         )
+        self._status_topic = self.core.topics.node(self.core.addr, "status")
         gpu = ThreadedGpu(backend, call_timeout_s=settings.gpu.call_timeout_s)
         self.gpus = NodeGpus(gpu, state_dir=a.state_dir, observe_only=a.observe_only, log=self.log)
         self.exits = ExitRecord(a.state_dir, clock_ns=clock_ns, logger=self.log)
@@ -239,9 +241,8 @@ class Agent:
         """Emit what the core asked for: its log lines, its messages, systemd's status."""
         for line in effects.logs:
             getattr(self.log, line.level)(line.event, **line.fields)
-        status_topic = self.core.topics.node(self.core.addr, "status")
         for message in effects.messages:
-            if message.topic == status_topic and not self._connected():
+            if message.topic == self._status_topic and not self._connected():
                 continue  # the next connection's birth carries the status as it is then
             self._publish(message)
         if effects.status_line is not None:
@@ -498,39 +499,3 @@ class Agent:
 
 
 __all__ = ["Agent"]
-
-
-_MAX_SILENCE_S = 300.0
-
-
-class SilenceWatch:
-    """When to leave a broker endpoint that is connected but carries no control: after
-    ``agent.control_silence_failover_s`` without a live control message on the connection,
-    then twice as long after each such move while no endpoint brings control (up to
-    ``_MAX_SILENCE_S``); control arriving makes the next move prompt again. Pure: time and
-    the bus's counters come in, the reason to move (or None) goes out."""
-
-    def __init__(self, silence_s: float) -> None:
-        self.base_ns = int(silence_s * 1e9)
-        self.silence_ns = self.base_ns
-        self.connects = -1
-        self.since_ns = 0
-        self.heard_ns: int | None = None
-
-    def check(
-        self, now_ns: int, *, connects: int, connected: bool, heard_ns: int | None
-    ) -> str | None:
-        """One look: the reason to move on now, or None."""
-        if connects != self.connects:  # a new connection: the silence counts anew
-            self.connects, self.since_ns = connects, now_ns
-        if heard_ns is not None and heard_ns != self.heard_ns:
-            self.heard_ns = heard_ns
-            self.silence_ns = self.base_ns
-        if not connected:
-            return None
-        last_ns = max(self.since_ns, self.heard_ns or 0)
-        if now_ns - last_ns < self.silence_ns:
-            return None
-        self.since_ns = now_ns  # one move per silence
-        self.silence_ns = min(self.silence_ns * 2, int(_MAX_SILENCE_S * 1e9))
-        return f"no control for {(now_ns - last_ns) / 1e9:.0f} s"

@@ -444,7 +444,7 @@ class MqttBus:
                     if not connected and rounds_left is not None and self._endpoint_index <= index:
                         rounds_left -= 1  # every endpoint was tried once more
                         if rounds_left <= 0:
-                            where = ", ".join(str(e) for e in self._endpoints)
+                            where = self._settings.where()
                             msg = f"cannot reach the MQTT broker {where}: {exc}"
                             raise TransportError(msg) from exc
                     if connected:  # the first reconnect after an outage is quick
