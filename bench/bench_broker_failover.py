@@ -4,8 +4,9 @@ A real 3-node NATS cluster (its MQTT gateway, JetStream R3; ``tests/nats_cluster
 real 3-member etcd cluster, two ``polca aggregator`` processes of one row (``ha``) and
 ``--agents`` real agents on simulated GPUs (one process). Every process gets the three
 endpoints (``mqtt.endpoints``), each starting on another node (the list turned), and
-otherwise default MQTT and control settings (lease 10 s). The driver holds the row at T2 by
-publishing its meter every 0.2 s and watches, through one observer on each broker node:
+otherwise polca's defaults on a cluster (QoS 0 subscriptions, a 30 s control lease). The
+driver holds the row at T2 by publishing its meter every 0.2 s and watches, through one
+observer on each broker node:
 
 - every process's retained ``status``: a process publishes it (with ``mqtt_endpoint``) on
   each new connection, right after CONNACK and before it subscribes again (the
@@ -63,6 +64,8 @@ from bench.benchkit import (  # noqa: E402
     release_policy,
     write_result,
 )
+
+from polca.aggregator.config import CLUSTER_LEASE_S  # noqa: E402
 
 
 class Watch:
@@ -209,7 +212,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
             f"--state-dir={workdir / 'agents'}",
             *(f"--issuer={name}" for name in INSTANCES),
             "--sample-interval-s=1.0",
-            f"--subscription-qos-max={args.subscription_qos_max}",
+            *(
+                [f"--subscription-qos-max={args.subscription_qos_max}"]
+                if args.subscription_qos_max is not None
+                else []
+            ),
             f"--connect-timeout-s={args.connect_timeout_s}",
         )
         configs = {
@@ -218,8 +225,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
                 name=name,
                 mqtt={
                     "endpoints": endpoints[i:] + endpoints[:i],
-                    "subscription_qos_max": args.subscription_qos_max,
                     "connect_timeout_s": args.connect_timeout_s,
+                    **(
+                        {"subscription_qos_max": args.subscription_qos_max}
+                        if args.subscription_qos_max is not None
+                        else {}
+                    ),
                 },
                 policy=policy,
                 etcd=etcd.endpoints,
@@ -302,8 +313,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
         "controls_below_t2": below_t2,
         "per_kill": per_kill,
         "duration_s": round(duration_s, 1),
-        "lease_s": args.lease_s,
-        "subscription_qos_max": args.subscription_qos_max,
+        "lease_s": args.lease_s if args.lease_s is not None else CLUSTER_LEASE_S,
+        "subscription_qos_max": (
+            args.subscription_qos_max if args.subscription_qos_max is not None else 0
+        ),
+        "defaults": args.lease_s is None and args.subscription_qos_max is None,
         "connect_timeout_s": args.connect_timeout_s,
         "target_s": TARGET_S,
         "meets_target": bool(reconnects) and (p99 or 0) <= TARGET_S and not fell and below_t2 == 0,
@@ -321,10 +335,12 @@ def main() -> int:
     parser.add_argument(
         "--subscription-qos-max",
         type=int,
-        default=0,
-        help="mqtt.subscription_qos_max of every process (0: what docs/mqtt.md advises)",
+        default=None,
+        help="mqtt.subscription_qos_max of every process (default: polca's, 0 on a cluster)",
     )
-    parser.add_argument("--lease-s", type=float, default=10.0, help="control.lease_s")
+    parser.add_argument(
+        "--lease-s", type=float, default=None, help="control.lease_s (default: 30 s, a cluster's)"
+    )
     parser.add_argument(
         "--connect-timeout-s", type=float, default=10.0, help="mqtt.connect_timeout_s"
     )

@@ -125,16 +125,21 @@ def aggregator_config(
     policy: Path,
     etcd: list[str],
     nodes: list[str],
-    lease_s: float = 10.0,
+    lease_s: float | None = 10.0,
 ) -> Path:
-    """The configuration of one instance of the benchmark's shard (one row, rack r0)."""
+    """The configuration of one instance of the benchmark's shard (one row, rack r0);
+    ``lease_s`` None: the aggregator's default (30 s with several mqtt endpoints)."""
     config = {
         "site": SITE,
         "instance": name,
         "policy_file": str(policy),
         "state_dir": str(workdir / name),
         "mqtt": mqtt,
-        "control": {"interval_s": 1.0, "lease_s": lease_s, "warmup_s": 1.0},
+        "control": {
+            "interval_s": 1.0,
+            "warmup_s": 1.0,
+            **({"lease_s": lease_s} if lease_s is not None else {}),
+        },
         "ha": {"etcd_endpoints": etcd, "shard": ROW, "peers": list(INSTANCES)},
         "rows": [
             {

@@ -535,7 +535,7 @@ def _parser() -> argparse.ArgumentParser:
     agents.add_argument("--host", default="127.0.0.1")
     agents.add_argument("--port", type=int, required=True)
     agents.add_argument("--endpoints", default="", help="host:port,...: a broker cluster")
-    agents.add_argument("--subscription-qos-max", type=int, default=1)
+    agents.add_argument("--subscription-qos-max", type=int, default=None)  # None: default
     agents.add_argument("--connect-timeout-s", type=float, default=10.0)
     agents.add_argument("--site", default="bench")
     agents.add_argument("--row", default="row1")

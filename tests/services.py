@@ -29,13 +29,23 @@ from typing import ClassVar, TypeVar
 
 import pytest
 
+_HANDED_OUT: set[int] = set()
+"""Every port ``free_port`` gave this process: the kernel's pick for port 0 can repeat
+(a cluster's twelve ports picked in a row once held the same port twice)."""
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port that was free a moment ago (the kernel's pick for port 0), never one
+    this process was given before."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    msg = "no free TCP port this process was not given before"
+    raise RuntimeError(msg)
 
 
 def http_request(

@@ -125,15 +125,15 @@ class MqttSettings(_Group):
     protocol: Literal["3.1.1", "5"] = Field(
         "3.1.1", description="MQTT protocol version; 3.1.1 works with every broker."
     )
-    subscription_qos_max: Literal[0, 1, 2] = Field(
-        1,
+    subscription_qos_max: Literal[0, 1, 2] | None = Field(
+        None,
         description="The highest QoS the process subscribes with (control, policy and "
-        "assignments ask for 1). Set 0 on a NATS cluster: there each QoS 1 subscription is "
-        "a replicated JetStream consumer per client and topic, made again on every "
-        "connection and stalled while the cluster elects leaders after a node is lost "
-        "(docs/mqtt.md). polca reads its state from retained messages again after every "
-        "reconnect, so QoS 0 loses no state; a node event sent during a reconnect can be "
-        "lost.",
+        "assignments ask for 1). Default: 1 with one broker, 0 with several `endpoints` (a "
+        "cluster): on a NATS cluster each QoS 1 subscription is a replicated JetStream "
+        "consumer per client and topic, made again on every connection and stalled while "
+        "the cluster elects leaders after a node is lost (docs/mqtt.md). polca reads its "
+        "state from retained messages again after every reconnect, so QoS 0 loses no "
+        "state; a node event sent during a reconnect can be lost.",
     )
     tls: bool = Field(False, description="Connect with TLS.")
     tls_ca_file: Path | None = Field(None, description="CA bundle to verify the broker with.")
@@ -174,6 +174,17 @@ class MqttSettings(_Group):
     def where(self) -> str:
         """The endpoints for messages: ``host:port``, comma-separated."""
         return ", ".join(str(e) for e in self.broker_endpoints())
+
+    @property
+    def clustered(self) -> bool:
+        """Whether several broker endpoints are named (a clustered broker)."""
+        return len(self.broker_endpoints()) > 1
+
+    def subscription_qos_cap(self) -> int:
+        """``subscription_qos_max``, or its default: 1 on one broker, 0 on a cluster."""
+        if self.subscription_qos_max is not None:
+            return self.subscription_qos_max
+        return 0 if self.clustered else 1
 
     def broker_endpoints(self) -> tuple[MqttEndpoint, ...]:
         """The endpoints in order of preference: ``endpoints``, else ``host:port``."""

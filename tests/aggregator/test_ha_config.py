@@ -20,6 +20,31 @@ def _load(tmp_path: Path, config: dict[str, object]) -> AggregatorSettings:
     return load_settings_as(AggregatorSettings, path)
 
 
+@pytest.mark.parametrize(
+    ("mqtt", "control", "lease_s"),
+    [
+        ({}, {}, 10.0),  # one broker
+        ({"endpoints": ["mq1", "mq2", "mq3"]}, {}, 30.0),  # a cluster: elections to ride out
+        ({"endpoints": ["mq1"]}, {}, 10.0),
+        ({"endpoints": ["mq1", "mq2"]}, {"lease_s": 12}, 12.0),  # set: as set
+    ],
+)
+def test_the_control_lease_defaults_by_the_broker(
+    tmp_path: Path, mqtt: dict[str, object], control: dict[str, object], lease_s: float
+) -> None:
+    settings = _load(tmp_path, {"mqtt": mqtt, "control": control})
+    assert settings.lease_s == lease_s
+
+
+def test_the_ha_check_uses_the_cluster_lease(tmp_path: Path) -> None:
+    """A ttl of 12 s fits the 30 s lease of a cluster, not the 10 s of one broker."""
+    ha = {"etcd_endpoints": ["http://127.0.0.1:2379"], "lease_ttl_s": 12}
+    with pytest.raises(ConfigError, match="lease_ttl_s"):
+        _load(tmp_path, {"ha": ha})
+    ok = _load(tmp_path, {"ha": ha, "mqtt": {"endpoints": ["mq1", "mq2"]}})
+    assert ok.lease_s == 30.0
+
+
 def test_without_endpoints_the_aggregator_runs_alone(tmp_path: Path) -> None:
     settings = _load(tmp_path, {})
     assert not settings.ha.enabled
@@ -57,4 +82,4 @@ def test_the_shipped_ha_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> Non
     settings = load_settings_as(AggregatorSettings, example)
     assert settings.ha.enabled
     assert settings.instance in settings.ha.peers
-    assert settings.ha.lease_ttl_s * 2 <= settings.control.lease_s
+    assert settings.ha.lease_ttl_s * 2 <= settings.lease_s

@@ -273,11 +273,11 @@ def test_no_level_falls_while_the_intake_is_cut_nor_for_the_warmup_after(
     assert freed.rows[0].decision.level == 1
 
 
-def test_a_cut_that_comes_back_within_the_hold_keeps_the_first_levels(
+def test_a_cut_that_comes_back_within_the_hold_keeps_the_levels(
     tmp_path: Path, policy: LoadedPolicy
 ) -> None:
-    """Cut, back, cut again inside the hold: the levels held are still those of the first
-    cut (not what was decided under the hold), and the hold lasts until after the last."""
+    """Cut, back, cut again inside the hold: the levels are still held (the hold kept them
+    from falling meanwhile), and the hold lasts until after the last cut."""
     rows = _rows(tmp_path, warmup_s=5.0)
     rows.warm = True
     _meter(rows, 9_200.0, T0_S + 1)
@@ -291,3 +291,27 @@ def test_a_cut_that_comes_back_within_the_hold_keeps_the_first_levels(
     held = rows.step(T0_S + 62, 62, policy)
     assert held is not None
     assert held.rows[0].decision.level == 2
+
+
+def test_a_cut_inside_an_earlier_holds_tail_holds_the_levels_of_now(
+    tmp_path: Path, policy: LoadedPolicy
+) -> None:
+    """The connections not yet subscribed at start hold level 0; the row rises to T2 in
+    that hold's tail, then a broker node dies: the new cut holds T2 (as it is now), not
+    the start-up's 0, so the meter that stopped with the connection lowers nothing."""
+    rows = _rows(tmp_path, warmup_s=5.0)
+    rows.warm = True
+    rows.intake_cut(cut=True, now_s=T0_S)  # start-up: at level 0
+    rows.intake_cut(cut=False, now_s=T0_S + 0.5)  # subscribed: held until T0 + 5.5
+    _meter(rows, 9_200.0, T0_S + 1)
+    rows.intake_cut(cut=False, now_s=T0_S + 1)
+    risen = rows.step(T0_S + 1, 1, policy)
+    assert risen is not None
+    assert risen.rows[0].decision.level == 2
+    rows.intake_cut(cut=True, now_s=T0_S + 2)  # the node dies inside the tail
+    for t in (60.0, 110.0):  # past the dwell: a free ladder would fall
+        _meter(rows, 1_000.0, T0_S + t)
+        rows.intake_cut(cut=True, now_s=T0_S + t)
+        held = rows.step(T0_S + t, int(t), policy)
+        assert held is not None
+        assert held.rows[0].decision.level == 2

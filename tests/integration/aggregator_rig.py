@@ -26,13 +26,14 @@ class AggregatorProcess(JsonLogProcess):
         policy: Path,
         racks: dict[str, list[str]],
         budget_w: float,
-        lease_s: float = 3.0,
+        lease_s: float | None = 3.0,
         interval_s: float = 0.2,
         meter: bool = True,
         extra: dict[str, Any] | None = None,
         node_fields: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        """``node_fields``: more topology fields per node name (``gpus``, ``nameplate_w``)."""
+        """``node_fields``: more topology fields per node name (``gpus``, ``nameplate_w``);
+        ``lease_s`` None: the default (``AggregatorSettings.lease_s``)."""
         super().__init__(workdir, policy=policy)
         fields = node_fields or {}
         self.meter_topic = f"polca/v1/{SITE}/{ROW}/meter"
@@ -44,7 +45,7 @@ class AggregatorProcess(JsonLogProcess):
             "mqtt": mqtt_config(broker),
             "control": {
                 "interval_s": interval_s,
-                "lease_s": lease_s,
+                **({"lease_s": lease_s} if lease_s is not None else {}),
                 "stale_after_s": 1.5,
                 "warmup_s": 1.0,
                 "trend_window_s": 2.0,

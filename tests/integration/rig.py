@@ -68,7 +68,8 @@ Broker = MosquittoProcess | ClusterBroker
 
 def mqtt_config(broker: Broker) -> dict[str, Any]:
     """The ``mqtt`` settings group of a process under test: ``broker``, fast reconnects;
-    on a cluster, its endpoints and QoS 0 subscriptions (as docs/mqtt.md advises)."""
+    on a cluster, its endpoints (and so the cluster's defaults: QoS 0 subscriptions, a
+    30 s control lease)."""
     config: dict[str, Any] = {
         "host": broker.host,
         "port": broker.port,
@@ -78,7 +79,6 @@ def mqtt_config(broker: Broker) -> dict[str, Any]:
     }
     if isinstance(broker, ClusterBroker):
         config["endpoints"] = list(broker.endpoints)
-        config["subscription_qos_max"] = 0
     return config
 
 

@@ -57,7 +57,7 @@ class Shard:
         etcd: EtcdCluster,
         *,
         placement: Callable[[str], Broker] | None = None,
-        lease_s: float = LEASE_S,
+        lease_s: float | None = LEASE_S,
     ) -> None:
         """``placement`` gives each process (node or instance name) its own broker view (a
         cluster's endpoints starting at another node); by default all share ``broker``."""

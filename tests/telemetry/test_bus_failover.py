@@ -12,6 +12,8 @@ tested against NATS in ``test_broker_contract.py`` and end to end in
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -160,14 +162,24 @@ def test_bad_endpoints_are_refused(endpoints: list[str]) -> None:
         MqttSettings(endpoints=endpoints)
 
 
-@pytest.mark.parametrize(("cap", "granted"), [(1, [1, 0, 1]), (0, [0, 0, 0])])
+@pytest.mark.parametrize(
+    ("cap", "endpoints", "granted"),
+    [
+        (1, 1, [1, 0, 1]),
+        (0, 1, [0, 0, 0]),
+        (None, 1, [1, 0, 1]),  # the default on one broker
+        (None, 2, [0, 0, 0]),  # the default on a cluster
+        (1, 2, [1, 0, 1]),
+    ],
+)
 async def test_subscriptions_are_capped_at_the_configured_qos(
-    mosquitto_factory: MosquittoFactory, cap: int, granted: list[int]
+    mosquitto_factory: MosquittoFactory, cap: int | None, endpoints: int, granted: list[int]
 ) -> None:
     broker = mosquitto_factory()
     topics = [("polca/v1/a", 1), ("polca/v1/b", 0), ("polca/v1/c", 2)]
+    others = [free_port() for _ in range(endpoints - 1)]  # never reached: the first answers
     bus = MqttBus(
-        cluster_settings(broker.port, subscription_qos_max=cap),
+        cluster_settings(broker.port, *others, subscription_qos_max=cap),
         client_id="t-qos",
         subscriptions=topics,
     )
@@ -202,3 +214,68 @@ async def test_move_on_with_one_endpoint_does_nothing(mosquitto: MosquittoProces
         await asyncio.sleep(0.3)
         assert bus.stats.connects == 1
         assert bus.stats.endpoint == f"127.0.0.1:{mosquitto.port}"
+
+
+@contextlib.asynccontextmanager
+async def suback_held(broker_port: int, release: asyncio.Event) -> AsyncIterator[int]:
+    """A relay to the broker on ``broker_port`` that holds each SUBACK until ``release``
+    (as a cluster electing new leaders holds a moved client's subscriptions); its port."""
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", broker_port)
+
+        async def upstream() -> None:
+            while data := await reader.read(65536):
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def downstream() -> None:
+            while header := await up_reader.read(1):
+                length, shift, raw = 0, 0, b""
+                while True:  # the remaining length: a variable byte integer
+                    byte = await up_reader.readexactly(1)
+                    raw += byte
+                    length |= (byte[0] & 0x7F) << shift
+                    shift += 7
+                    if not byte[0] & 0x80:
+                        break
+                body = await up_reader.readexactly(length)
+                if header[0] >> 4 == 9:  # SUBACK
+                    await release.wait()
+                writer.write(header + raw + body)
+                await writer.drain()
+
+        pumps = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)  # either side gone
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        for w in (writer, up_writer):
+            w.close()
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def test_subscribed_only_once_the_broker_grants_the_subscriptions(
+    mosquitto_factory: MosquittoFactory,
+) -> None:
+    """``connected`` at the CONNACK, ``subscribed`` at the SUBACK (what the aggregator's
+    intake hold waits for); both cleared when the connection breaks."""
+    mosquitto, release = mosquitto_factory(), asyncio.Event()
+    async with suback_held(mosquitto.port, release) as port:
+        bus = MqttBus(
+            cluster_settings(port), client_id="t-suback", subscriptions=[("polca/v1/a", 1)]
+        )
+        async with running(bus):
+            await asyncio.sleep(0.3)
+            assert bus.connected.is_set()
+            assert not bus.subscribed.is_set()  # the SUBACK is held back
+            release.set()
+            await asyncio.wait_for(bus.subscribed.wait(), 5)
+            await asyncio.to_thread(mosquitto.kill)
+            await wait_until(lambda: not bus.connected.is_set(), "disconnected")
+            assert not bus.subscribed.is_set()

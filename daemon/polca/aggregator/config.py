@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Self
+from typing import Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -116,15 +116,26 @@ class RowSpec(_Model):
         return self
 
 
+SINGLE_BROKER_LEASE_S: Final = 10.0
+"""The control lease on one broker (``control.lease_s`` unset)."""
+CLUSTER_LEASE_S: Final = 30.0
+"""The control lease on a broker cluster (several ``mqtt.endpoints``, ``control.lease_s``
+unset): longer than a failover's 5 to 12 s wait for the cluster's elections, twice over."""
+
+
 class ControlSettings(_Model):
     """The row controller's timing and mode."""
 
     interval_s: float = Field(1.0, gt=0, le=60, description="How often each row is evaluated.")
-    lease_s: float = Field(
-        10.0,
+    lease_s: float | None = Field(
+        None,
         gt=0,
         le=86_400,
-        description="Lease granted by each control message (renewed each interval).",
+        description="Lease granted by each control message (renewed each interval). "
+        "Default: 10 s with one broker, 30 s with several mqtt.endpoints (a cluster: a "
+        "client that moves after a broker node is lost waits while the cluster elects new "
+        "leaders, 5 to 12 s measured, docs/mqtt.md). Agents cut it to their policy's "
+        "fail_safe.max_lease_s (30 s by default).",
     )
     stale_after_s: float = Field(
         5.0, gt=0, le=86_400, description="A node without telemetry for this long counts as stale."
@@ -375,6 +386,13 @@ class AggregatorSettings(ProcessSettings):
     )
 
     @property
+    def lease_s(self) -> float:
+        """``control.lease_s``, or its default: 10 s on one broker, 30 s on a cluster."""
+        if self.control.lease_s is not None:
+            return self.control.lease_s
+        return CLUSTER_LEASE_S if self.mqtt.clustered else SINGLE_BROKER_LEASE_S
+
+    @property
     def shard(self) -> str:
         """The election's shard name (``ha.shard``, or the owned rows joined by '+')."""
         return self.ha.shard or "+".join(row.name for row in self.rows) or "none"
@@ -410,10 +428,10 @@ class AggregatorSettings(ProcessSettings):
         if unknown:
             msg = f"bmc.nodes {unknown[:8]} are not nodes of the rows: check their names"
             raise ValueError(msg)
-        if self.ha.enabled and self.ha.lease_ttl_s * 2 > self.control.lease_s:
+        if self.ha.enabled and self.ha.lease_ttl_s * 2 > self.lease_s:
             msg = (
                 f"ha.lease_ttl_s ({self.ha.lease_ttl_s:g} s) must be at most half of "
-                f"control.lease_s ({self.control.lease_s:g} s): a standby must lead before "
+                f"control.lease_s ({self.lease_s:g} s): a standby must lead before "
                 "the agents' leases end"
             )
             raise ValueError(msg)

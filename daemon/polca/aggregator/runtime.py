@@ -296,7 +296,9 @@ class Aggregator:
         """Run one control step (``AggregatorCore.step``); publish and write what it
         decided. Never raises: a failed step publishes nothing and is retried."""
         buses = (self.bus, *self.intake_buses.values())
-        cut = any(bus is not None and not bus.connected.is_set() for bus in buses)
+        # Cut until subscribed again: after a failover the broker may take seconds (a
+        # cluster electing) to grant the subscriptions, and nothing flows in till then.
+        cut = any(bus is not None and not bus.subscribed.is_set() for bus in buses)
         self.core.rows.intake_cut(cut=cut, now_s=now_s)
         stepped = self.core.step(now_s, now_ns=self.clock_ns(), now_mono_ns=self.mono_ns())
         if stepped is None:

@@ -122,6 +122,7 @@ class RowControl:
     def __init__(self, settings: AggregatorSettings, *, epoch_ns: int, log: Any = None) -> None:
         """Trackers and controllers for every owned row; nothing decided before ``start``."""
         self.settings = settings
+        self.lease_s = settings.lease_s  # resolved once (its default depends on mqtt)
         self.log: Any = log if log is not None else structlog.get_logger()
         self.trackers = {row.name: RowTracker(row, settings.intake) for row in settings.rows}
         self.cooling = CoolingSupervisor(settings.cooling)
@@ -181,10 +182,11 @@ class RowControl:
         what it was when they went down."""
         if cut:
             if self._held is None or self._held_until_s != math.inf:
-                if self._held is None:
-                    self._held = {k: c.ladder.level for k, c in self.controllers.items()}
-                    self.log.warning("intake_cut_levels_held", levels=self._held_levels())
+                # A new cut (or one again before the last hold ended): hold the levels as
+                # they are now, never those of an earlier cut (a start-up's, before warm).
+                self._held = {k: c.ladder.level for k, c in self.controllers.items()}
                 self._held_until_s = math.inf
+                self.log.warning("intake_cut_levels_held", levels=self._held_levels())
             return
         if self._held is None:
             return
@@ -423,7 +425,7 @@ class RowControl:
             revision=loaded.revision,
             now_s=now_s,
             now_ns=now_ns,
-            lease_s=ctl.lease_s,
+            lease_s=self.lease_s,
             observe=ctl.observe,
             trend_w_per_s=trend,
             inputs=inputs,

@@ -148,12 +148,15 @@ class _Outgoing:
 class Bus(Protocol):
     """What a daemon needs of its message bus; ``MqttBus`` and ``telemetry.memory.MemoryBus``.
 
-    ``run()`` keeps the connection up until ``close()``; ``connected`` is set while it is;
-    ``publish_nowait`` never blocks the caller; ``get`` waits for the next received
-    message; ``close`` sends the last words and ends ``run()``.
+    ``run()`` keeps the connection up until ``close()``; ``connected`` is set while it is,
+    ``subscribed`` once the broker has also granted its subscriptions (from then on, what
+    is published flows in again), both until it breaks; ``publish_nowait`` never blocks
+    the caller; ``get`` waits for the next received message; ``close`` sends the last
+    words and ends ``run()``.
     """
 
     connected: asyncio.Event
+    subscribed: asyncio.Event
 
     @property
     def stats(self) -> BusStats:
@@ -270,6 +273,7 @@ class MqttBus:
             logger if logger is not None else structlog.get_logger(__name__)
         )
         self.connected = asyncio.Event()
+        self.subscribed = asyncio.Event()  # connected, and the subscriptions granted
         """Set while connected (after CONNACK, before birth messages are published)."""
 
         self._outbox: collections.deque[_Outgoing] = collections.deque()
@@ -468,6 +472,7 @@ class MqttBus:
                     await _reap(client)
         finally:
             self.connected.clear()
+            self.subscribed.clear()
             self._running = False
             self._stopped.set()
 
@@ -539,6 +544,7 @@ class MqttBus:
             raise
         finally:
             self.connected.clear()
+            self.subscribed.clear()
             self._endpoint = None
             self._disconnects += 1
 
@@ -584,6 +590,7 @@ class MqttBus:
             self._note_refused(granted, await client.subscribe(granted))
             self._subscribed = subscriptions
             _raise_if_cancelling()
+        self.subscribed.set()
         # The outbox, and the subscriptions ``resubscribe`` changes, side by side; either
         # failing ends both (and the session) with its own error, as ``run()`` expects
         # (an ``MqttError`` means reconnect), not wrapped in a group.
@@ -623,7 +630,7 @@ class MqttBus:
 
     def _granted(self, subscriptions: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
         """The subscriptions at their QoS, capped by ``mqtt.subscription_qos_max``."""
-        cap = self._settings.subscription_qos_max
+        cap = self._settings.subscription_qos_cap()
         return [(topic, min(qos, cap)) for topic, qos in subscriptions]
 
     async def _drain(self, client: aiomqtt.Client) -> None:

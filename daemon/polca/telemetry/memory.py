@@ -126,6 +126,7 @@ class MemoryBus:
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self.connected = asyncio.Event()
+        self.subscribed = self.connected  # one broker in memory: subscribed on connecting
         self._published = 0
         self._inbox_dropped = 0
         self._connects = 0
