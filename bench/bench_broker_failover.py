@@ -79,6 +79,7 @@ class Watch:
         self.lock = threading.Lock()
         self.controls: list[tuple[float, str, int]] = []  # (mono s, issuer, level)
         self.births: list[tuple[float, str, str]] = []  # (mono s, process, endpoint)
+        self.departures: list[tuple[float, str]] = []  # (mono s, process): offline (Will)
         self.endpoint: dict[str, str] = {}  # process -> the endpoint it last named
         self.fell: set[str] = set()
         self._seen: dict[bytes, float] = {}
@@ -121,6 +122,9 @@ class Watch:
             elif message.topic.endswith("/state"):
                 if data.get("fail_safe") and not message.retain:
                     self.fell.add(message.topic.split("/")[-2])
+            elif message.topic.endswith("/status") and data.get("state") == "offline":
+                if not message.retain:
+                    self.departures.append((now, message.topic.split("/")[-2]))
             elif message.topic.endswith("/status") and data.get("state") == "online":
                 name = message.topic.split("/")[-2]
                 endpoint = data.get("mqtt_endpoint") or ""
@@ -146,6 +150,12 @@ class Watch:
     def births_since(self, start_s: float) -> list[tuple[float, str, str]]:
         with self.lock:
             return [b for b in self.births if b[0] >= start_s]
+
+    def departed(self, name: str, since_s: float, before_s: float) -> float | None:
+        """When ``name``'s last offline status (its Last Will) in that window arrived."""
+        with self.lock:
+            times = [at for at, who in self.departures if who == name and since_s <= at <= before_s]
+        return max(times, default=None)
 
     def controls_since(self, start_s: float) -> list[tuple[float, str, int]]:
         with self.lock:
@@ -258,8 +268,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
                 index = kill % len(cluster.nodes)
                 endpoint = endpoints[index]
                 moved = watch.on(endpoint)
-                cluster.kill(index)
                 killed = time.monotonic()
+                if args.stop == "kill":
+                    cluster.kill(index)
+                else:  # returns once the node has closed its clients and exited
+                    cluster.lame_duck(index)
                 survivor = cluster.mqtt_endpoints[(index + 1) % len(cluster.nodes)]
                 floor = _floor_connect(survivor[0], survivor[1], 30.0)
                 if floor is not None:
@@ -273,7 +286,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
                 times = {}
                 for at, name, where in watch.births_since(killed):
                     if name in moved and where != endpoint and name not in times:
-                        times[name] = at - killed
+                        # Killed: from the kill. Lame duck: from the close of its
+                        # connection (its Last Will), the closes being spread out.
+                        left = watch.departed(name, killed, at) if args.stop != "kill" else None
+                        times[name] = at - (left if left is not None else killed)
                 reconnects.extend(times.values())
                 cluster.start(index)
                 time.sleep(args.settle_s)
@@ -319,6 +335,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
         ),
         "defaults": args.lease_s is None and args.subscription_qos_max is None,
         "connect_timeout_s": args.connect_timeout_s,
+        "stop": args.stop,
         "target_s": TARGET_S,
         "meets_target": bool(reconnects) and (p99 or 0) <= TARGET_S and not fell and below_t2 == 0,
         "python": platform.python_version(),
@@ -343,6 +360,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--connect-timeout-s", type=float, default=10.0, help="mqtt.connect_timeout_s"
+    )
+    parser.add_argument(
+        "--stop",
+        choices=("kill", "lame-duck"),
+        default="kill",
+        help="kill: SIGKILL (a crash); lame-duck: SIGUSR2, what nats-server.service's stop "
+        "sends (a planned restart; each client timed from the close of its connection)",
     )
     parser.add_argument(
         "--out", type=Path, default=REPO / "bench" / "results" / "broker_failover.json"

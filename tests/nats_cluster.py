@@ -165,6 +165,18 @@ class NatsNode(ServiceProcess):
         status, _ = http_request("GET", self.url("/varz"), timeout_s=2.0)
         return status == 200
 
+    def lame_duck(self, *, timeout_s: float) -> None:
+        """SIGUSR2 (lame-duck mode) and wait for the exit; SIGKILL after ``timeout_s``."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGUSR2)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=self.stop_timeout_s)
+
     def url(self, path: str) -> str:
         """A monitoring endpoint of this node."""
         return f"http://{self.host}:{self.ports.http}{path}"
@@ -211,10 +223,14 @@ class NatsCluster:
         size: int = 3,
         auth: NatsAuth | None = None,
         tls: bool | TlsFiles = False,
+        lame_duck_s: float = 6.0,
     ) -> None:
+        """``lame_duck_s``: the lame-duck stop's ``lame_duck_duration`` (30 s in
+        deploy/nats), its grace period a third of it."""
         require_nats()
         self.workdir = workdir
         self.auth = auth
+        self.lame_duck_s = lame_duck_s
         self.tls: TlsFiles | None = None
         """The PKI of the MQTT listener; None for plain MQTT."""
         if isinstance(tls, TlsFiles):
@@ -262,6 +278,14 @@ class NatsCluster:
         text = _rewrite(text, r"^server_name: nats-1$", f"server_name: {node.server_name}")
         text = _rewrite(text, r"^listen: 127\.0\.0\.1:4222$", f"listen: 127.0.0.1:{node.port}")
         text = _rewrite(text, r"^http: 127\.0\.0\.1:8222$", f"http: 127.0.0.1:{node.ports.http}")
+        text = _rewrite(
+            text, r'^lame_duck_duration: "30s"$', f'lame_duck_duration: "{self.lame_duck_s:g}s"'
+        )
+        text = _rewrite(
+            text,
+            r'^lame_duck_grace_period: "10s"$',
+            f'lame_duck_grace_period: "{self.lame_duck_s / 3:g}s"',
+        )
         store = node.workdir / "jetstream"
         text = _rewrite(
             text, r'^  store_dir: "/var/lib/nats"$', f"  store_dir: {json.dumps(str(store))}"
@@ -339,6 +363,11 @@ class NatsCluster:
     def kill(self, index: int) -> None:
         """SIGKILL node ``index``: it vanishes without a word."""
         self.nodes[index].kill()
+
+    def lame_duck(self, index: int) -> None:
+        """SIGUSR2 node ``index`` (what deploy/nats/nats-server.service's stop sends) and
+        wait until it has closed its clients over ``lame_duck_s`` and exited."""
+        self.nodes[index].lame_duck(timeout_s=self.lame_duck_s + 15.0)
 
     def kill_all(self) -> None:
         """SIGKILL every node (fixture teardown)."""
