@@ -24,7 +24,15 @@ Goal: no agent at fail-safe, no control below T2, reconnect p99 <= 3 s. The floo
 beside it, measured in the same run in a separate process: a bare MQTT client connecting
 to a surviving node right after the kill (the broker's own recovery, without polca).
 
+``--stop lame-duck`` stops the node as ``deploy/nats/nats-server.service`` does, a
+planned restart: SIGUSR2, after which the node hands its JetStream leadership over and
+closes its clients spread over 20 s. Each client is then timed from the close of its own
+connection (when the node's ``/connz`` last listed it) to its status through another
+node; results in ``bench/results/broker_restart.json``.
+
     .venv/bin/python bench/bench_broker_failover.py [--kills 12] [--agents 8]
+    .venv/bin/python bench/bench_broker_failover.py --kills 6 --stop lame-duck \
+        --out bench/results/broker_restart.json
 
 It prints one line per kill and writes ``bench/results/broker_failover.json``.
 """
@@ -79,7 +87,6 @@ class Watch:
         self.lock = threading.Lock()
         self.controls: list[tuple[float, str, int]] = []  # (mono s, issuer, level)
         self.births: list[tuple[float, str, str]] = []  # (mono s, process, endpoint)
-        self.departures: list[tuple[float, str]] = []  # (mono s, process): offline (Will)
         self.endpoint: dict[str, str] = {}  # process -> the endpoint it last named
         self.fell: set[str] = set()
         self._seen: dict[bytes, float] = {}
@@ -122,9 +129,6 @@ class Watch:
             elif message.topic.endswith("/state"):
                 if data.get("fail_safe") and not message.retain:
                     self.fell.add(message.topic.split("/")[-2])
-            elif message.topic.endswith("/status") and data.get("state") == "offline":
-                if not message.retain:
-                    self.departures.append((now, message.topic.split("/")[-2]))
             elif message.topic.endswith("/status") and data.get("state") == "online":
                 name = message.topic.split("/")[-2]
                 endpoint = data.get("mqtt_endpoint") or ""
@@ -151,12 +155,6 @@ class Watch:
         with self.lock:
             return [b for b in self.births if b[0] >= start_s]
 
-    def departed(self, name: str, since_s: float, before_s: float) -> float | None:
-        """When ``name``'s last offline status (its Last Will) in that window arrived."""
-        with self.lock:
-            times = [at for at, who in self.departures if who == name and since_s <= at <= before_s]
-        return max(times, default=None)
-
     def controls_since(self, start_s: float) -> list[tuple[float, str, int]]:
         with self.lock:
             return [c for c in self.controls if c[0] >= start_s]
@@ -166,6 +164,44 @@ class Watch:
         for client in self.clients:
             client.loop_stop()
             client.disconnect()
+
+
+class ConnectionsSeen:
+    """Polls a stopping node's ``/connz`` (every 0.1 s, until it exits): when each MQTT
+    client was last seen connected there, so a lame-duck stop, which closes its clients
+    spread over 20 s, is timed per client from the close of its own connection."""
+
+    def __init__(self, node: Any) -> None:
+        self.last_s: dict[str, float] = {}
+        self._node = node
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while True:
+            try:
+                connz = self._node.monitor("/connz?limit=100000")
+            except (OSError, AssertionError, ValueError):
+                if not self._node.running:
+                    return
+                time.sleep(0.1)
+                continue
+            now = time.monotonic()
+            for connection in connz.get("connections") or []:
+                if connection.get("mqtt_client"):
+                    self.last_s[connection["mqtt_client"]] = now
+            time.sleep(0.1)
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+
+    def closed(self, process: str) -> float | None:
+        """When ``process``'s connection (its status's: ``agent-<node>`` for an agent,
+        ``polca-aggregator-<name>`` for an aggregator) was last seen; None if never."""
+        for client_id in (f"agent-{process}", f"polca-aggregator-{process}"):
+            if client_id in self.last_s:
+                return self.last_s[client_id]
+        return None
 
 
 def _floor_connect(host: str, port: int, timeout_s: float) -> float | None:
@@ -269,10 +305,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
                 endpoint = endpoints[index]
                 moved = watch.on(endpoint)
                 killed = time.monotonic()
+                seen = None
                 if args.stop == "kill":
                     cluster.kill(index)
                 else:  # returns once the node has closed its clients and exited
+                    seen = ConnectionsSeen(cluster.nodes[index])
                     cluster.lame_duck(index)
+                    seen.join()
                 survivor = cluster.mqtt_endpoints[(index + 1) % len(cluster.nodes)]
                 floor = _floor_connect(survivor[0], survivor[1], 30.0)
                 if floor is not None:
@@ -286,9 +325,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
                 times = {}
                 for at, name, where in watch.births_since(killed):
                     if name in moved and where != endpoint and name not in times:
-                        # Killed: from the kill. Lame duck: from the close of its
-                        # connection (its Last Will), the closes being spread out.
-                        left = watch.departed(name, killed, at) if args.stop != "kill" else None
+                        # Killed: from the kill. Lame duck: from the close of its own
+                        # connection (last seen in /connz), the closes being spread out.
+                        left = seen.closed(name) if seen is not None else None
                         times[name] = at - (left if left is not None else killed)
                 reconnects.extend(times.values())
                 cluster.start(index)

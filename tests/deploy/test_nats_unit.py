@@ -1,14 +1,20 @@
 """deploy/nats/nats-server.service: its own user and store, no capability, a comment on
 every directive, systemd's own checks, and agreement with nats-server.conf (the store,
-the configuration path, a stop timeout above the lame-duck stop it sends)."""
+the configuration path, a stop timeout above the lame-duck stop it sends); and what that
+stop does on a real cluster running the shipped configuration: the node hands its
+JetStream leadership over before it closes its clients, so they connect to another node
+at once, where a SIGKILL makes them wait for an election (5 to 10 s measured)."""
 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.mqtt_wire import SyncMqtt
+from tests.nats_cluster import NatsCluster, nats_cluster, nats_cluster_factory
 from tests.systemd_units import (
     CONTAINER_NOISE,
     Unit,
@@ -19,6 +25,8 @@ from tests.systemd_units import (
     uncommented_directives,
     verify,
 )
+
+__all__ = ["nats_cluster", "nats_cluster_factory"]  # fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "nats" / "nats-server.service"
@@ -107,3 +115,37 @@ def test_security_exposure_is_below_the_agents() -> None:
     score = exposure(UNIT)
     assert score < 2.0
     assert score < exposure(AGENT_UNIT)
+
+
+def _connect(cluster: NatsCluster, index: int, client_id: str, timeout_s: float) -> SyncMqtt:
+    return SyncMqtt.connect(
+        cluster.mqtt_endpoints[index],
+        client_id=client_id,
+        user=None,
+        password=None,
+        tls=None,
+        timeout_s=timeout_s,
+    )
+
+
+def test_the_lame_duck_stop_hands_over_before_it_closes(nats_cluster: NatsCluster) -> None:
+    """SIGUSR2 (the unit's KillSignal) to the node leading the MQTT sessions stream: its
+    client is closed, another node leads the stream, and a new client's CONNECT on a
+    surviving node is answered at once (it would hang during an election)."""
+    cluster = nats_cluster
+    leader = cluster.stream_leader("$MQTT_sess")
+    client = _connect(cluster, leader, "ldm-victim", 5.0)
+    cluster.lame_duck(leader)
+    assert not cluster.nodes[leader].running
+    with pytest.raises((ConnectionError, OSError)):
+        client.next_message("polca/v1/none", wait_s=1.0)  # closed by the node
+    client.close()
+    survivor = (leader + 1) % len(cluster.nodes)
+    began = time.monotonic()
+    try:
+        fresh = _connect(cluster, survivor, "ldm-fresh", 3.0)  # an election: 5 s or more
+    except TimeoutError as exc:
+        msg = f"CONNECT unanswered after {time.monotonic() - began:.1f} s: no hand-over"
+        raise AssertionError(msg) from exc
+    fresh.close()
+    assert cluster.stream_leader("$MQTT_sess") != leader
