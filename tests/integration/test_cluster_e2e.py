@@ -1,6 +1,7 @@
 """The core end-to-end scenarios on the 3-node NATS cluster: a row over T2 caps its agents,
 the leading aggregator killed (a standby leads), the broker node under the leader killed
-(every process moves to another node), and one node cut off from the other two.
+or stopped for maintenance (every process moves to another node), and one node cut off
+from the other two.
 
 Every process gets the three endpoints, starting on its own node (aggregators agg1 and
 agg2 on nodes 1 and 2, agents node1 and node2 likewise), and the defaults polca takes on a
@@ -177,6 +178,40 @@ async def test_the_leaders_broker_node_killed_every_process_moves_and_the_row_st
         )
         moved = await process.wait_log("mqtt_connected", where=lambda e: e.get("failover") is True)
         assert moved["endpoint"] != lost
+
+
+async def test_the_leaders_broker_node_stopped_for_maintenance_hands_everything_over(
+    cluster_shard: Shard, on_cluster_at_t2: MqttProbe, nats_cluster: NatsCluster
+) -> None:
+    """Stop the leader's broker node as nats-server.service does (SIGUSR2, lame duck):
+    it hands its JetStream leadership over, then closes its clients, and each moves to
+    another node; control stays at T2 throughout and no agent applies its fail-safe caps."""
+    probe = on_cluster_at_t2
+    await wait_until(lambda: set(_endpoints(probe)) >= set(PLACES), what="every status")
+    leader = _controls(probe)[-1].issuer
+    endpoints = [f"{h}:{p}" for h, p in nats_cluster.mqtt_endpoints]
+    await wait_until(lambda: _endpoints(probe).get(leader) is not None, what="its endpoint")
+    stopped = _endpoints(probe)[leader]
+    assert stopped in endpoints[1:], stopped
+    moving = {name for name, where in _endpoints(probe).items() if where == stopped}
+    start = len(probe.of("control"))
+    await asyncio.to_thread(nats_cluster.lame_duck, endpoints.index(stopped))  # ~30 s
+    await wait_until(
+        lambda: all(_endpoints(probe).get(name) not in (None, stopped) for name in moving),
+        timeout_s=10,
+        what="every process of the stopped node on another one",
+    )
+    moved_ns = time.time_ns()
+    await wait_until(
+        lambda: any(c.issued_ns > moved_ns for c in _controls(probe, start)),
+        timeout_s=10,
+        what="control after the move",
+    )
+    after = _controls(probe, start)
+    levels = [(c.issuer, c.level) for c in after]
+    assert {c.level for c in after} == {2}, _story(cluster_shard, levels)
+    assert cluster_shard.at_t2()
+    assert _fell(cluster_shard) == []
 
 
 async def test_a_node_cut_off_from_the_others_leads_no_agent_to_a_stale_leader(
