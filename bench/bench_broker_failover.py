@@ -264,6 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
                 else []
             ),
             f"--connect-timeout-s={args.connect_timeout_s}",
+            f"--connack-timeout-s={args.connack_timeout_s}",
         )
         configs = {
             name: aggregator_config(
@@ -272,6 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
                 mqtt={
                     "endpoints": endpoints[i:] + endpoints[:i],
                     "connect_timeout_s": args.connect_timeout_s,
+                    "connack_timeout_s": args.connack_timeout_s,
                     **(
                         {"subscription_qos_max": args.subscription_qos_max}
                         if args.subscription_qos_max is not None
@@ -374,6 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
         ),
         "defaults": args.lease_s is None and args.subscription_qos_max is None,
         "connect_timeout_s": args.connect_timeout_s,
+        "connack_timeout_s": args.connack_timeout_s,
         "stop": args.stop,
         "target_s": TARGET_S,
         "meets_target": bool(reconnects) and (p99 or 0) <= TARGET_S and not fell and below_t2 == 0,
@@ -399,6 +402,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--connect-timeout-s", type=float, default=10.0, help="mqtt.connect_timeout_s"
+    )
+    parser.add_argument(
+        "--connack-timeout-s", type=float, default=10.0, help="mqtt.connack_timeout_s"
     )
     parser.add_argument(
         "--stop",

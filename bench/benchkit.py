@@ -348,6 +348,7 @@ def _agents(args: argparse.Namespace) -> dict[str, Any]:
                 else [],
                 "subscription_qos_max": args.subscription_qos_max,
                 "connect_timeout_s": args.connect_timeout_s,
+                "connack_timeout_s": args.connack_timeout_s,
             },
             gpu={"backend": "simulated"},
             agent={
@@ -536,7 +537,8 @@ def _parser() -> argparse.ArgumentParser:
     agents.add_argument("--port", type=int, required=True)
     agents.add_argument("--endpoints", default="", help="host:port,...: a broker cluster")
     agents.add_argument("--subscription-qos-max", type=int, default=None)  # None: default
-    agents.add_argument("--connect-timeout-s", type=float, default=10.0)
+    for timeout in ("--connect-timeout-s", "--connack-timeout-s"):
+        agents.add_argument(timeout, type=float, default=10.0)
     agents.add_argument("--site", default="bench")
     agents.add_argument("--row", default="row1")
     agents.add_argument("--nodes", required=True, help="rack/node,rack/node,...")

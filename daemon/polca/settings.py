@@ -141,7 +141,22 @@ class MqttSettings(_Group):
     tls_key_file: Path | None = Field(None, description="Client key for mutual TLS.")
     tls_insecure: bool = Field(False, description="Skip the broker host name check (testing only).")
     keepalive_s: int = Field(15, ge=5, le=3600, description="MQTT keepalive interval.")
-    connect_timeout_s: float = Field(10.0, gt=0, description="Timeout of each MQTT operation.")
+    connect_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Timeout of each MQTT operation once connected (a publish, a "
+        "subscribe); the connection is then given up and made again.",
+    )
+    connack_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=60,
+        description="How long a connection attempt waits for the broker's CONNACK before "
+        "it tries the next endpoint. A cluster node electing a JetStream leader leaves a "
+        "CONNECT unanswered until the client gives up, while a new attempt after the "
+        "election succeeds at once: 5 s halved the median reconnect after a node's crash "
+        "but lengthened the slowest (docs/performance.md, broker failover).",
+    )
     reconnect_min_s: float = Field(
         0.5, ge=0, description="First reconnect delay; doubles per failure, with jitter."
     )

@@ -41,6 +41,7 @@ def fast_settings(port: int, **overrides: Any) -> MqttSettings:
         "reconnect_max_s": 0.2,
         "keepalive_s": 5,
         "connect_timeout_s": 2.0,
+        "connack_timeout_s": 2.0,
     }
     values.update(overrides)
     return MqttSettings(**values)

@@ -35,6 +35,7 @@ def cluster_settings(*ports: int, **overrides: Any) -> MqttSettings:
         "reconnect_max_s": 0.2,
         "keepalive_s": 5,
         "connect_timeout_s": 2.0,
+        "connack_timeout_s": 2.0,
     }
     values.update(overrides)
     return MqttSettings(**values)
@@ -221,8 +222,12 @@ async def suback_held(broker_port: int, release: asyncio.Event) -> AsyncIterator
     """A relay to the broker on ``broker_port`` that holds each SUBACK until ``release``
     (as a cluster electing new leaders holds a moved client's subscriptions); its port."""
 
+    opened: list[asyncio.StreamWriter] = []
+
     async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened.append(writer)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", broker_port)
+        opened.append(up_writer)
 
         async def upstream() -> None:
             while data := await reader.read(65536):
@@ -258,6 +263,10 @@ async def suback_held(broker_port: int, release: asyncio.Event) -> AsyncIterator
         yield server.sockets[0].getsockname()[1]
     finally:
         server.close()
+        for writer in opened:  # a connection still open, its relay cancelled or not
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
 
 async def test_subscribed_only_once_the_broker_grants_the_subscriptions(
@@ -279,3 +288,56 @@ async def test_subscribed_only_once_the_broker_grants_the_subscriptions(
             await asyncio.to_thread(mosquitto.kill)
             await wait_until(lambda: not bus.connected.is_set(), "disconnected")
             assert not bus.subscribed.is_set()
+
+
+@contextlib.asynccontextmanager
+async def silent_broker() -> AsyncIterator[int]:
+    """A TCP listener that accepts connections and never answers (a cluster node whose
+    CONNECT waits on an election); its port."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def test_an_unanswered_connect_moves_on_after_the_connack_timeout(
+    mosquitto_factory: MosquittoFactory,
+) -> None:
+    """A CONNECT left unanswered is given up after ``connack_timeout_s`` (here 0.5 s), not
+    the operations' ``connect_timeout_s`` (30 s), and the next endpoint is tried."""
+    live = mosquitto_factory()
+    async with silent_broker() as silent:
+        settings = cluster_settings(silent, live.port, connack_timeout_s=0.5, connect_timeout_s=30)
+        bus = MqttBus(settings, client_id="t-connack")
+        with capture_logs() as logs:
+            async with running(bus):
+                assert bus.stats.endpoint == f"127.0.0.1:{live.port}"
+    (gave_up,) = [e for e in logs if e["event"] == "mqtt_disconnected"]
+    assert gave_up["endpoint"] == f"127.0.0.1:{silent}"
+    assert gave_up["was_connected"] is False
+
+
+async def test_operations_once_connected_wait_the_connect_timeout(
+    mosquitto_factory: MosquittoFactory,
+) -> None:
+    """A SUBACK that takes longer than ``connack_timeout_s`` (but not ``connect_timeout_s``)
+    is waited for on the same connection."""
+    mosquitto, release = mosquitto_factory(), asyncio.Event()
+    async with suback_held(mosquitto.port, release) as port:
+        settings = cluster_settings(port, connack_timeout_s=0.3, connect_timeout_s=30)
+        bus = MqttBus(settings, client_id="t-op-timeout", subscriptions=[("polca/v1/a", 1)])
+        async with running(bus):
+            await asyncio.sleep(1.0)  # over three times the CONNACK timeout
+            release.set()
+            await asyncio.wait_for(bus.subscribed.wait(), 5)
+            assert bus.stats.connects == 1

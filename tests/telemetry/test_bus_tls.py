@@ -117,7 +117,7 @@ async def test_mutual_tls_without_a_client_certificate_never_connects(
     broker = mosquitto_factory(tls=pki, require_certificate=True)
     # With TLS 1.3 the client's handshake completes before the broker checks for a client
     # certificate; its refusal (an alert) only ends the wait for CONNACK, which times out.
-    settings = tls_settings(broker.port, tls_ca_file=pki.ca_cert, connect_timeout_s=0.3)
+    settings = tls_settings(broker.port, tls_ca_file=pki.ca_cert, connack_timeout_s=0.3)
     bus = MqttBus(settings, client_id="node-no-cert")
     async with running(bus, connect=False) as task:
         await assert_never_connects(bus, task)

@@ -515,13 +515,15 @@ class MqttBus:
                 else None
             ),
             keepalive=settings.keepalive_s,
-            timeout=settings.connect_timeout_s,
+            # The CONNACK wait; every later operation waits connect_timeout_s (_session).
+            timeout=settings.connack_timeout_s,
             tls_context=tls_context,
             queue_type=_forwarding_queue(self._take),
         )
 
     async def _session(self, client: aiomqtt.Client, index: int) -> None:
         """One connection: birth, subscribe, then pump both ways until it breaks or stops."""
+        client.timeout = self._settings.connect_timeout_s  # publish, subscribe, DISCONNECT
         self._connects += 1
         failover = self._last_connected_index not in (None, index)
         self._failovers += int(failover)
