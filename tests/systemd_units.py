@@ -139,3 +139,31 @@ def exposure(path: Path) -> float:
     )
     assert match is not None, result.stdout + result.stderr
     return float(match.group(1))
+
+
+def assert_documented(text: str, *, at_least: int) -> None:
+    """A comment above every KEY=value line of a unit, none after one, and at least
+    ``at_least`` directives (a unit that lost its sandbox has fewer)."""
+    assert uncommented_directives(text) == []
+    assert trailing_comments(text) == []
+    assert directive_count(text) >= at_least
+
+
+def assert_verified(
+    directory: Path,
+    name: str,
+    text: str,
+    *,
+    misspelt: tuple[str, str],
+    host_noise: Iterable[re.Pattern[str]],
+) -> None:
+    """``systemd-analyze verify`` is clean on the unit ``text``, and reports the key of
+    ``misspelt`` (good, bad) when the good directive is written the bad way."""
+    noise = list(host_noise)
+    (directory / "good").mkdir()
+    (directory / "bad").mkdir()
+    assert verify(directory / "good", name, text, host_noise=noise) == (0, [])
+    good, bad = misspelt
+    assert good in text
+    _, problems = verify(directory / "bad", name, text.replace(good, bad), host_noise=noise)
+    assert bad.split("=", 1)[0] in "\n".join(problems)

@@ -15,12 +15,10 @@ from polca.settings import load_settings_as, read_secret
 from tests.systemd_units import (
     CONTAINER_NOISE,
     Unit,
-    directive_count,
+    assert_documented,
+    assert_verified,
     exposure,
     parse_unit,
-    trailing_comments,
-    uncommented_directives,
-    verify,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,10 +55,7 @@ def test_key_directive(unit: Unit, key: str, value: str) -> None:
 
 def test_every_directive_is_commented_and_none_trails() -> None:
     """A comment above every KEY=value line, none after one."""
-    text = UNIT.read_text(encoding="utf-8")
-    assert uncommented_directives(text) == []
-    assert trailing_comments(text) == []
-    assert directive_count(text) >= 40
+    assert_documented(UNIT.read_text(encoding="utf-8"), at_least=40)
 
 
 def test_credentials_are_what_the_meter_reads(
@@ -91,12 +86,8 @@ def test_credentials_are_what_the_meter_reads(
 def test_systemd_analyze_verify_is_clean_and_catches_mistakes(tmp_path: Path) -> None:
     """systemd-analyze verify is clean, and reports a misspelt key."""
     text = UNIT.read_text(encoding="utf-8")
-    (tmp_path / "good").mkdir()
-    (tmp_path / "bad").mkdir()
-    assert verify(tmp_path / "good", UNIT.name, text, host_noise=_HOST_NOISE) == (0, [])
-    bad = text.replace("DynamicUser=yes", "DynamicUsr=yes")
-    _, problems = verify(tmp_path / "bad", UNIT.name, bad, host_noise=_HOST_NOISE)
-    assert "DynamicUsr" in "\n".join(problems)
+    misspelt = ("DynamicUser=yes", "DynamicUsr=yes")
+    assert_verified(tmp_path, UNIT.name, text, misspelt=misspelt, host_noise=_HOST_NOISE)
 
 
 def test_security_exposure_is_below_the_agents() -> None:

@@ -18,12 +18,10 @@ from tests.nats_cluster import NatsCluster, nats_cluster, nats_cluster_factory
 from tests.systemd_units import (
     CONTAINER_NOISE,
     Unit,
-    directive_count,
+    assert_documented,
+    assert_verified,
     exposure,
     parse_unit,
-    trailing_comments,
-    uncommented_directives,
-    verify,
 )
 
 __all__ = ["nats_cluster", "nats_cluster_factory"]  # fixtures
@@ -78,10 +76,7 @@ def test_key_directive(unit: Unit, key: str, value: str) -> None:
 
 def test_every_directive_is_commented_and_none_trails() -> None:
     """A comment above every KEY=value line, none after one."""
-    text = UNIT.read_text(encoding="utf-8")
-    assert uncommented_directives(text) == []
-    assert trailing_comments(text) == []
-    assert directive_count(text) >= 40
+    assert_documented(UNIT.read_text(encoding="utf-8"), at_least=40)
 
 
 def test_the_unit_agrees_with_the_configuration(unit: Unit) -> None:
@@ -102,12 +97,8 @@ def test_the_unit_agrees_with_the_configuration(unit: Unit) -> None:
 def test_systemd_analyze_verify_is_clean_and_catches_mistakes(tmp_path: Path) -> None:
     """systemd-analyze verify is clean, and reports a misspelt key."""
     text = UNIT.read_text(encoding="utf-8")
-    (tmp_path / "good").mkdir()
-    (tmp_path / "bad").mkdir()
-    assert verify(tmp_path / "good", UNIT.name, text, host_noise=_HOST_NOISE) == (0, [])
-    bad = text.replace("StateDirectory=nats", "StateDirectry=nats")
-    _, problems = verify(tmp_path / "bad", UNIT.name, bad, host_noise=_HOST_NOISE)
-    assert "StateDirectry" in "\n".join(problems)
+    misspelt = ("StateDirectory=nats", "StateDirectry=nats")
+    assert_verified(tmp_path, UNIT.name, text, misspelt=misspelt, host_noise=_HOST_NOISE)
 
 
 def test_security_exposure_is_below_the_agents() -> None:
