@@ -74,6 +74,7 @@ from bench.benchkit import (  # noqa: E402
 )
 
 from polca.aggregator.config import CLUSTER_LEASE_S  # noqa: E402
+from polca.settings import MqttSettings  # noqa: E402
 
 
 class Watch:
@@ -371,9 +372,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:  # noqa: PLR0915 - one scen
         "per_kill": per_kill,
         "duration_s": round(duration_s, 1),
         "lease_s": args.lease_s if args.lease_s is not None else CLUSTER_LEASE_S,
-        "subscription_qos_max": (
-            args.subscription_qos_max if args.subscription_qos_max is not None else 0
-        ),
+        "subscription_qos_max": MqttSettings(
+            endpoints=endpoints, subscription_qos_max=args.subscription_qos_max
+        ).subscription_qos_cap(),
         "defaults": args.lease_s is None and args.subscription_qos_max is None,
         "connect_timeout_s": args.connect_timeout_s,
         "connack_timeout_s": args.connack_timeout_s,

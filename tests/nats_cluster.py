@@ -169,15 +169,7 @@ class NatsNode(ServiceProcess):
 
     def lame_duck(self, *, timeout_s: float) -> None:
         """SIGUSR2 (lame-duck mode) and wait for the exit; SIGKILL after ``timeout_s``."""
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGUSR2)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=self.stop_timeout_s)
+        self._end(signal.SIGUSR2, wait_s=timeout_s)
 
     def url(self, path: str) -> str:
         """A monitoring endpoint of this node."""

@@ -153,13 +153,15 @@ class ServiceProcess:
         """SIGKILL and wait: the service vanishes without a word."""
         self._end(signal.SIGKILL)
 
-    def _end(self, sig: signal.Signals) -> None:
+    def _end(self, sig: signal.Signals, *, wait_s: float | None = None) -> None:
+        """Send ``sig`` and wait for the exit (``wait_s``, else ``stop_timeout_s``); SIGKILL
+        after that."""
         process = self._process
         if process is None or process.poll() is not None:
             return
         process.send_signal(sig)
         try:
-            process.wait(timeout=self.stop_timeout_s)
+            process.wait(timeout=wait_s if wait_s is not None else self.stop_timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=self.stop_timeout_s)

@@ -190,6 +190,16 @@ class MqttSettings(_Group):
         """The endpoints for messages: ``host:port``, comma-separated."""
         return ", ".join(str(e) for e in self.broker_endpoints())
 
+    def one_shot(self, timeout_s: float) -> MqttSettings:
+        """These settings for a one-shot command (``polca status``, ``polca assign``):
+        every operation, and each connection attempt, bounded by its ``timeout_s``."""
+        return self.model_copy(
+            update={
+                "connect_timeout_s": timeout_s,
+                "connack_timeout_s": min(timeout_s, self.connack_timeout_s),
+            }
+        )
+
     @property
     def clustered(self) -> bool:
         """Whether several broker endpoints are named (a clustered broker)."""

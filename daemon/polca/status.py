@@ -222,12 +222,7 @@ async def collect(
         topics.aggregator(site, "+", "status"),
     )
     bus = MqttBus(
-        settings.model_copy(
-            update={
-                "connect_timeout_s": timeout_s,
-                "connack_timeout_s": min(timeout_s, settings.connack_timeout_s),
-            }
-        ),
+        settings.one_shot(timeout_s),
         client_id=f"polca-status-{time.time_ns() % 10**9}",
         subscriptions=[(f, 1) for f in filters],
         attempts=1,

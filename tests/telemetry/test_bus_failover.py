@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -218,14 +218,41 @@ async def test_move_on_with_one_endpoint_does_nothing(mosquitto: MosquittoProces
 
 
 @contextlib.asynccontextmanager
+async def loopback_server(
+    handle: Callable[
+        [asyncio.StreamReader, asyncio.StreamWriter, list[asyncio.StreamWriter]], Awaitable[None]
+    ],
+) -> AsyncIterator[int]:
+    """A TCP server on loopback running ``handle(reader, writer, opened)`` per connection
+    (``opened``: where a handler lists the streams it opens); its port. Every stream
+    listed is closed on the way out, its handler done or not."""
+    opened: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened.append(writer)
+        await handle(reader, writer, opened)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for writer in opened:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+@contextlib.asynccontextmanager
 async def suback_held(broker_port: int, release: asyncio.Event) -> AsyncIterator[int]:
     """A relay to the broker on ``broker_port`` that holds each SUBACK until ``release``
     (as a cluster electing new leaders holds a moved client's subscriptions); its port."""
 
-    opened: list[asyncio.StreamWriter] = []
-
-    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        opened.append(writer)
+    async def relay(
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        opened: list[asyncio.StreamWriter],
+    ) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", broker_port)
         opened.append(up_writer)
 
@@ -258,15 +285,8 @@ async def suback_held(broker_port: int, release: asyncio.Event) -> AsyncIterator
         for w in (writer, up_writer):
             w.close()
 
-    server = await asyncio.start_server(relay, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        for writer in opened:  # a connection still open, its relay cancelled or not
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+    async with loopback_server(relay) as port:
+        yield port
 
 
 async def test_subscribed_only_once_the_broker_grants_the_subscriptions(
@@ -294,20 +314,16 @@ async def test_subscribed_only_once_the_broker_grants_the_subscriptions(
 async def silent_broker() -> AsyncIterator[int]:
     """A TCP listener that accepts connections and never answers (a cluster node whose
     CONNECT waits on an election); its port."""
-    held: list[asyncio.StreamWriter] = []
 
-    async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
+    async def hold(
+        _reader: asyncio.StreamReader,
+        _writer: asyncio.StreamWriter,
+        _opened: list[asyncio.StreamWriter],
+    ) -> None:
+        """Keep the connection (listed by the server) and say nothing."""
 
-    server = await asyncio.start_server(hold, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        for writer in held:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+    async with loopback_server(hold) as port:
+        yield port
 
 
 async def test_an_unanswered_connect_moves_on_after_the_connack_timeout(

@@ -308,12 +308,7 @@ async def assign(
         else [(topics.node(address, "assign"), 1), (topics.node(address, "status"), 1)]
     )
     bus = MqttBus(
-        settings.model_copy(
-            update={
-                "connect_timeout_s": timeout_s,
-                "connack_timeout_s": min(timeout_s, settings.connack_timeout_s),
-            }
-        ),
+        settings.one_shot(timeout_s),
         client_id=f"polca-assign-{os.getpid()}-{time.time_ns() % 10**6}",
         subscriptions=subscriptions,
         attempts=1,

@@ -273,8 +273,9 @@ class MqttBus:
             logger if logger is not None else structlog.get_logger(__name__)
         )
         self.connected = asyncio.Event()
-        self.subscribed = asyncio.Event()  # connected, and the subscriptions granted
         """Set while connected (after CONNACK, before birth messages are published)."""
+        self.subscribed = asyncio.Event()
+        """Set once connected and the broker granted the subscriptions (after SUBACK)."""
 
         self._outbox: collections.deque[_Outgoing] = collections.deque()
         self._outbox_ready = asyncio.Event()  # set while the outbox is not empty
