@@ -31,10 +31,15 @@ RUN python -m venv /opt/polca
 
 WORKDIR /src
 # Only what the build needs; .dockerignore keeps the rest out of the context.
+COPY requirements/runtime.txt requirements/
 COPY pyproject.toml README.md ./
 COPY daemon/ daemon/
-# Every dependency ships wheels for linux x86_64/aarch64: no compiler needed.
-RUN /opt/polca/bin/pip install .
+# The exact releases of the runtime lock, hash-checked (requirements/README.md), then polca
+# itself, resolving nothing (setuptools and wheel come from the lock too). Every dependency
+# ships wheels for linux x86_64/aarch64: no compiler needed.
+RUN /opt/polca/bin/pip install --require-hashes -r requirements/runtime.txt \
+ && /opt/polca/bin/pip install --no-deps --no-build-isolation . \
+ && /opt/polca/bin/pip check
 
 
 FROM python:3.11-slim AS runtime

@@ -8,7 +8,8 @@
 #   ./scripts/gen-podresources.sh            # writes daemon/polca/assign/_pb
 #   ./scripts/gen-podresources.sh OUT_DIR    # writes the generated files into OUT_DIR only
 #
-# PYTHON names the interpreter with grpcio-tools (default .venv/bin/python).
+# PYTHON names the interpreter with grpcio-tools (default .venv/bin/python); PROTO another
+# proto to compile (default the vendored one; the test compiles a changed copy).
 #
 # The proto is compiled as "api.proto" (the kubelet's own file name) so that the modules are
 # api_pb2.py, api_pb2.pyi and api_pb2_grpc.py. protoc writes `import api_pb2` in
@@ -17,7 +18,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
-proto="$root/daemon/polca/assign/proto/podresources_v1.proto"
+proto="${PROTO:-$root/daemon/polca/assign/proto/podresources_v1.proto}"
 out="${1:-$root/daemon/polca/assign/_pb}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Set up and run polca's whole test suite on a fresh Debian machine:
-# system packages (as root, or through sudo), a virtual environment, then lint, types,
-# import contracts, generated-docs checks and the tests against a real Mosquitto,
-# InfluxDB, VictoriaMetrics, etcd and Prometheus.
+# system packages (as root, or through sudo), a virtual environment with the exact releases
+# of requirements/test.txt (hash-checked), then lint, types, import contracts,
+# generated-docs checks and the tests against a real Mosquitto, InfluxDB, VictoriaMetrics,
+# etcd and Prometheus. Arguments go to pytest.
+#
+# POLCA_TEST_VENV=DIR runs the checks and tests in a venv the caller made instead
+# (scripts/newest.sh: the newest releases); default: .venv, made from the lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,14 +45,15 @@ fi
 
 # shellcheck source=scripts/venv.sh
 . scripts/venv.sh
-ensure_venv '.[test]'
+venv="${POLCA_TEST_VENV:-.venv}"
+[ -n "${POLCA_TEST_VENV:-}" ] || ensure_venv requirements/test.txt "$venv"
 # snmpsim (the SNMP agents the PDU tests read) runs as nobody from its own venv.
 bash scripts/snmpsim-env.sh
 
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
-.venv/bin/lint-imports
+"$venv/bin/ruff" check .
+"$venv/bin/ruff" format --check .
+"$venv/bin/mypy"
+"$venv/bin/lint-imports"
 # The tests run under coverage.py (branch coverage of the package, in the test process and
 # in every polca process it starts; see [tool.coverage] in pyproject.toml). A whole-suite run
 # fails below the gate: the figure measured when the gate was last raised, less one point.
@@ -64,9 +69,9 @@ for arg in "$@"; do
 done
 rm -f .coverage .coverage.*
 status=0
-.venv/bin/coverage run -m pytest "$@" || status=$?
-.venv/bin/coverage combine -q >/dev/null 2>&1 || true
-total=$(.venv/bin/coverage report --format=total 2>/dev/null || echo 0)
+"$venv/bin/coverage" run -m pytest "$@" || status=$?
+"$venv/bin/coverage" combine -q >/dev/null 2>&1 || true
+total=$("$venv/bin/coverage" report --format=total 2>/dev/null || echo 0)
 if [ "$subset" -eq 1 ]; then
   echo "branch coverage of polca (these tests only): ${total}%"
   exit "$status"

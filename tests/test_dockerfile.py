@@ -103,15 +103,20 @@ def test_no_cuda_base_image() -> None:
 
 
 def test_builder_copies_only_package_sources(stages: list[list[Instruction]]) -> None:
-    """The builder copies pyproject.toml, README.md and daemon/ and pip-installs the venv."""
+    """The builder copies pyproject.toml, README.md, daemon/ and the runtime lock, installs
+    the lock's exact releases hash-checked, then polca without resolving anything again."""
     builder = stages[0]
     sources = [src for args in _args(builder, "COPY") for src in args.split()[:-1]]
-    assert sorted(sources) == ["README.md", "daemon/", "pyproject.toml"]
+    assert sorted(sources) == ["README.md", "daemon/", "pyproject.toml", "requirements/runtime.txt"]
     for source in sources:
         assert (ROOT / source).exists(), source
-    runs = " && ".join(_args(builder, "RUN"))
+    runs = [step.strip() for args in _args(builder, "RUN") for step in args.split("&&")]
     assert "python -m venv /opt/polca" in runs
-    assert "/opt/polca/bin/pip install ." in runs
+    locked = runs.index("/opt/polca/bin/pip install --require-hashes -r requirements/runtime.txt")
+    polca = runs.index("/opt/polca/bin/pip install --no-deps --no-build-isolation .")
+    assert locked < polca
+    # No other pip install: each would resolve outside the lock.
+    assert sum("pip install" in step for step in runs) == 2
 
 
 def test_runtime_copies_only_the_venv(stages: list[list[Instruction]]) -> None:
@@ -168,6 +173,8 @@ def test_capability_hints_documented() -> None:
         ("daemon/polca/__pycache__/cli.cpython-311.pyc", True),
         ("daemon/polca.egg-info/PKG-INFO", True),
         ("pyproject.toml", False),
+        ("requirements/runtime.txt", False),
+        ("requirements/test.txt", True),
         ("README.md", False),
         ("LICENSE", False),
         ("daemon/polca/cli.py", False),

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 from polca.assign.model import PodDevices
 from polca.assign.podresources import (
@@ -336,12 +339,33 @@ async def test_thousands_of_pods_within_the_bounds_are_read_quickly(
         assert len(await client.list_devices()) == MAX_PODS
 
 
-def test_stubs_are_current(tmp_path: Path) -> None:
-    """The committed stubs are what ``scripts/gen-podresources.sh`` writes from the vendored
-    proto now: a changed proto (or grpcio-tools) without regenerated stubs fails here."""
-    env = dict(os.environ, PYTHON=sys.executable)
+# The generator's version stamps: which grpcio-tools and protobuf releases wrote the stubs.
+# They are the only bytes a patch release of the generator changes; the stubs refuse a
+# runtime older than their stamps, which test_the_stubs_stamps_are_within_the_declared_floors
+# keeps within pyproject.toml's floors.
+_GRPC_STAMP = re.compile(rb"^GRPC_GENERATED_VERSION = '([^']*)'$", re.MULTILINE)
+_PROTOBUF_HEADER = re.compile(rb"^# Protobuf Python Version: (\S+)$", re.MULTILINE)
+_PROTOBUF_CHECK = re.compile(
+    rb"(ValidateProtobufRuntimeVersion\(\n\s*_runtime_version\.Domain\.PUBLIC,\n)"
+    rb"\s*(\d+),\n\s*(\d+),\n\s*(\d+),\n\s*'([^']*)',\n"
+)
+_STUBS = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+COMMITTED = ROOT / "daemon" / "polca" / "assign" / "_pb"
+PROTO = ROOT / "daemon" / "polca" / "assign" / "proto" / "podresources_v1.proto"
+
+
+def _unstamped(code: bytes) -> bytes:
+    """Generated code with its version stamps replaced by a placeholder."""
+    code = _GRPC_STAMP.sub(b"GRPC_GENERATED_VERSION = '<stamp>'", code)
+    code = _PROTOBUF_HEADER.sub(b"# Protobuf Python Version: <stamp>", code)
+    return _PROTOBUF_CHECK.sub(rb"\1    <stamp>\n", code)
+
+
+def _generate(out: Path, proto: Path = PROTO) -> None:
+    """Run scripts/gen-podresources.sh into ``out`` with this test's interpreter."""
+    env = dict(os.environ, PYTHON=sys.executable, PROTO=str(proto))
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gen-podresources.sh"), str(tmp_path)],
+        ["bash", str(ROOT / "scripts" / "gen-podresources.sh"), str(out)],
         capture_output=True,
         text=True,
         env=env,
@@ -349,10 +373,95 @@ def test_stubs_are_current(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    committed = ROOT / "daemon" / "polca" / "assign" / "_pb"
-    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
-        fresh = (tmp_path / name).read_bytes()
-        assert fresh == (committed / name).read_bytes(), (
-            f"{committed / name} is stale: run scripts/gen-podresources.sh and commit it"
+
+
+def _stale(committed: Path, fresh: Path) -> list[str]:
+    """The stubs in ``committed`` whose code differs from ``fresh`` beyond the stamps."""
+    return [
+        name
+        for name in _STUBS
+        if _unstamped((committed / name).read_bytes()) != _unstamped((fresh / name).read_bytes())
+    ]
+
+
+def _stamps(stubs: Path) -> dict[str, Version]:
+    """The grpcio and protobuf releases the stubs record (and refuse to run below)."""
+    grpc_stamp = _GRPC_STAMP.search((stubs / "api_pb2_grpc.py").read_bytes())
+    check = _PROTOBUF_CHECK.search((stubs / "api_pb2.py").read_bytes())
+    assert grpc_stamp is not None
+    assert check is not None
+    major, minor, patch, suffix = (part.decode() for part in check.groups()[1:])
+    return {
+        "grpcio": Version(grpc_stamp.group(1).decode()),
+        "protobuf": Version(f"{major}.{minor}.{patch}{suffix}"),
+    }
+
+
+def _declared_floors() -> dict[str, Version]:
+    """``name -> floor`` of every ``name>=X`` runtime dependency in pyproject.toml."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    floors: dict[str, Version] = {}
+    for dep in project["dependencies"]:
+        match = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?>=([0-9][^,;]*)", dep)
+        if match:
+            floors[match.group(1).lower()] = Version(match.group(2))
+    return floors
+
+
+def test_stubs_are_current(tmp_path: Path) -> None:
+    """The committed stubs are what ``scripts/gen-podresources.sh`` writes from the vendored
+    proto now, byte for byte but for the generator's version stamps: a changed proto, a hand
+    edit, or a generator that writes different code fails here; a patch release of the
+    generator (a new stamp alone) does not."""
+    _generate(tmp_path)
+    stale = _stale(COMMITTED, tmp_path)
+    assert not stale, (
+        f"{', '.join(stale)} in {COMMITTED} is stale: run scripts/gen-podresources.sh and commit it"
+    )
+    assert b"from . import api_pb2" in (COMMITTED / "api_pb2_grpc.py").read_bytes()
+
+
+def test_the_stubs_stamps_are_within_the_declared_floors() -> None:
+    """The stubs refuse a grpcio or protobuf older than the releases that wrote them: those
+    stamps may not be above pyproject.toml's floors, or a runtime the ranges allow would be
+    refused at import (regenerating with a newer generator means raising the floors)."""
+    floors = _declared_floors()
+    for name, stamp in _stamps(COMMITTED).items():
+        assert stamp <= floors[name], (
+            f"the stubs need {name} {stamp}, above the declared floor {floors[name]}: "
+            "raise it in pyproject.toml or regenerate with the floor's grpcio-tools"
         )
-    assert b"from . import api_pb2" in (committed / "api_pb2_grpc.py").read_bytes()
+
+
+def test_a_hand_edit_or_a_changed_proto_is_stale_a_new_stamp_is_not(tmp_path: Path) -> None:
+    """What the freshness check compares: it fails on an edited stub and on stubs of a changed
+    proto, and passes stubs that differ from the committed ones only in their stamps."""
+    restamped = tmp_path / "restamped"
+    restamped.mkdir()
+    for name in _STUBS:
+        code = (COMMITTED / name).read_bytes()
+        code = _GRPC_STAMP.sub(b"GRPC_GENERATED_VERSION = '9.99.9'", code)
+        code = _PROTOBUF_HEADER.sub(b"# Protobuf Python Version: 9.99.9", code)
+        (restamped / name).write_bytes(code)
+    assert (restamped / "api_pb2_grpc.py").read_bytes() != (
+        COMMITTED / "api_pb2_grpc.py"
+    ).read_bytes()
+    assert _stale(restamped, COMMITTED) == []
+
+    edited = tmp_path / "edited"
+    shutil.copytree(COMMITTED, edited)
+    grpc_stub = edited / "api_pb2_grpc.py"
+    grpc_stub.write_bytes(grpc_stub.read_bytes().replace(b"def List(", b"def List_(", 1))
+    assert _stale(edited, COMMITTED) == ["api_pb2_grpc.py"]
+
+    changed = tmp_path / "changed.proto"
+    text = PROTO.read_text(encoding="utf-8")
+    marker = "message ListPodResourcesRequest {}"
+    assert marker in text
+    changed.write_text(
+        text.replace(marker, "message ListPodResourcesRequest {\n    string namespace = 1;\n}"),
+        encoding="utf-8",
+    )
+    fresh = tmp_path / "fresh"
+    _generate(fresh, changed)
+    assert _stale(COMMITTED, fresh) == ["api_pb2.py", "api_pb2.pyi"]
