@@ -73,11 +73,15 @@ def _config(workdir: Path, *, port: int, policy: Path, racks: list[list[str]], g
         "policy_file": str(policy),
         "state_dir": str(workdir / "aggregator"),
         "mqtt": {"host": "127.0.0.1", "port": port},
+        # The bench's meter repeats one figure while the agents cap: not a hung PDU card.
+        "control": {"meter_frozen_readings": 100_000},
         "rows": [
             {
                 "name": ROW,
-                # GPUs at full load draw ~55% of it: the meter (50% / 95%) is always plausible.
+                # GPUs at full load draw ~55% of it: the meter (50% / 95%) is always above the
+                # nodes' own power; a figure of the bench's, it may read up to twice the budget.
                 "budget_w": nodes * gpus * GPU_W * 1.5,
+                "meter_max_w": nodes * gpus * GPU_W * 3,
                 "racks": [
                     {"name": f"r{i}", "nodes": [{"name": n} for n in names]}
                     for i, names in enumerate(racks)

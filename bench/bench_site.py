@@ -78,11 +78,15 @@ def _config(
         "state_dir": str(workdir / f"agg{index}"),
         "mqtt": {"host": "127.0.0.1", "port": port},
         "influx": {"url": influx_url, "api": "v2", "write_every_s": {"gpu": 10.0}},
+        # ... and it repeats one figure while the agents cap: not a hung PDU card.
+        "control": {"meter_frozen_readings": 100_000},
         "rows": [
             {
                 "name": row,
                 # The nodes draw half of it: level 0 until a meter says otherwise.
                 "budget_w": args.racks * args.nodes_per_rack * NODE_GPU_W * 2,
+                # The driver's meter is a figure, not a device: it may read the budget.
+                "meter_max_w": args.racks * args.nodes_per_rack * NODE_GPU_W * 4,
                 "racks": [
                     {
                         "name": f"r{r}",

@@ -368,6 +368,16 @@ class AgentSettings(_Group):
         "writes during the old one's tenure; a larger step only delays a takeover until "
         "the old lease lapses.",
     )
+    max_term: int = Field(
+        2**40,
+        ge=1,
+        le=2**63 - 1,
+        description="A control message whose leadership term is above this is refused "
+        "always (control_term_jump), the first one this node sees included: terms are etcd "
+        "create-revisions, and an etcd cluster the aggregators elect on does not reach a "
+        "trillion writes, so such a term is forged and may not fence out the real "
+        "controller that comes after it.",
+    )
 
 
 class MetricsSettings(BaseModel):

@@ -223,12 +223,12 @@ def test_a_lower_term_is_followed_again_only_after_every_lease_lapsed() -> None:
 
 
 def test_a_term_jump_waits_for_the_current_lease_to_lapse() -> None:
-    """A forged term near 2**63 cannot fence out the real controller: it is refused
-    (``term_jump``) while the current term's lease lives, and the real controller's renewals
-    keep being followed; only once that lease lapsed is the big term accepted."""
+    """A term far above the current one (2**39) cannot fence out the real controller: it
+    is refused (``term_jump``) while the current term's lease lives, and the real
+    controller's renewals keep being followed; only once that lease lapsed is it accepted."""
     tracker = _tracker()
     assert _offer(tracker, _control(seq=1, term=5, level=2, lease_s=10)) == "accepted"
-    forged = _control(seq=1, term=2**62, level=0, issuer="mallory", epoch_ns=WALL0 - S)
+    forged = _control(seq=1, term=2**39, level=0, issuer="mallory", epoch_ns=WALL0 - S)
     for i in range(1, 5):
         assert _offer(tracker, forged, mono=MONO0 + i * S) == "term_jump"
     assert tracker.term == 5
@@ -241,7 +241,7 @@ def test_a_term_jump_waits_for_the_current_lease_to_lapse() -> None:
     assert (lease.control.term, lease.control.level) == (5, 2)
     # The real controller went quiet: its lease lapsed, and the big term is followed.
     assert _offer(tracker, forged, mono=MONO0 + 15 * S) == "accepted"
-    assert tracker.term == 2**62
+    assert tracker.term == 2**39
 
 
 def test_a_term_step_within_the_bound_is_a_takeover_at_once() -> None:
@@ -261,9 +261,10 @@ def test_a_term_step_within_the_bound_is_a_takeover_at_once() -> None:
     assert _offer(tracker, beyond, mono=MONO0 + 3 * S) == "term_jump"
 
 
-def test_the_first_term_ever_seen_is_accepted_whatever_its_size() -> None:
-    """An agent that has followed no one yet takes any term (an etcd cluster with a long
-    history); a jump from term 0 (no high availability) waits while a term-0 lease runs."""
+def test_the_first_term_ever_seen_is_accepted_up_to_the_plausible_bound() -> None:
+    """An agent that has followed no one yet takes a large term (an etcd cluster with a
+    long history: up to 2**40); a jump from term 0 (no high availability) waits while a
+    term-0 lease runs."""
     fresh = _tracker()
     assert _offer(fresh, _control(seq=1, term=2**40)) == "accepted"
     assert fresh.term == 2**40
@@ -272,6 +273,24 @@ def test_the_first_term_ever_seen_is_accepted_whatever_its_size() -> None:
     ha = _control(seq=1, term=2**40, issuer="b")
     assert _offer(tracker, ha, mono=MONO0 + S) == "term_jump"
     assert _offer(tracker, ha, mono=MONO0 + 10 * S) == "accepted"
+
+
+def test_a_forged_first_term_cannot_lock_the_real_controller_out() -> None:
+    """A control at term 2**63 - 1 arriving before the real controller's (it needs the
+    control topic's write permission) is refused, first or not, lease or none; the real
+    controller's small term is then followed at once, and the forged term stays refused
+    after every lease lapsed."""
+    tracker = _tracker()
+    forged = _control(seq=1, term=2**63 - 1, level=0, issuer="mallory", lease_s=3600)
+    assert _offer(tracker, forged) == "term_jump"
+    assert tracker.term == 0
+    assert tracker.current(MONO0 + S) is None
+    real = _control(seq=1, term=3, level=2, lease_s=10)
+    assert _offer(tracker, real, mono=MONO0 + S) == "accepted"
+    assert _offer(tracker, forged, mono=MONO0 + 60 * S) == "term_jump"
+    just_over = _control(seq=2, term=2**40 + 1, level=0, issuer="mallory")
+    assert _offer(tracker, just_over, mono=MONO0 + 61 * S) == "term_jump"
+    assert tracker.term == 3
 
 
 def test_max_term_step_is_a_parameter() -> None:

@@ -153,6 +153,22 @@ def test_a_leader_is_deposed_by_a_peers_live_control_at_a_higher_term(tmp_path: 
     assert stepped.messages == []
 
 
+def test_a_forged_term_neither_deposes_a_leader_nor_leads_a_standby(tmp_path: Path) -> None:
+    """A peer's control at a term no etcd reaches (above 2**40) is dropped as term_jump: the
+    leader keeps leading, a standby's ladder ignores it."""
+    core = _core(tmp_path, ha=True)
+    core.leadership.elected(term=5, instance="agg", sent_mono_ns=0, ttl_s=2.0)
+    forged = _receive(core, "control", _control(0, term=2**63 - 1))
+    assert forged.deposed is None
+    assert core.leadership.may_publish(S)
+    assert core.intake.drops.counts["term_jump"] == 1
+    standby = _core(tmp_path / "b", ha=True)
+    standby.leadership.observed(leader="agg-b", term=7)
+    _receive(standby, "control", _control(2, term=7))
+    _receive(standby, "control", _control(0, term=2**40 + 1))
+    assert standby.rows.controllers[("row1", None)].ladder.level == 2
+
+
 def test_a_standby_follows_its_leaders_level_not_an_older_terms(tmp_path: Path) -> None:
     """A standby's ladder takes the leader's level; a live control of a lower term (a
     deposed leader still publishing) is ignored."""
@@ -233,10 +249,15 @@ def test_a_flooding_node_is_planned_onto_the_quarantine_connection(tmp_path: Pat
     the quarantine one (both resubscribed); its neighbours stay where they were."""
     core = _core(tmp_path, telemetry_per_s=0.001, telemetry_burst=1, quarantine_after=3)
     shared = node_shard("n1", core.settings.intake.connections)
-    moves = [_receive(core, "r1/n1/telemetry", _telemetry("n1")).quarantined for _ in range(5)]
+    moves = [_receive(core, "r1/n1/telemetry", _telemetry("n1")).moves for _ in range(5)]
     assert [len(m) for m in moves] == [0, 0, 0, 1, 0]  # one accepted, the third refusal moves
     (moved,) = moves[3]
-    assert (moved.row, moved.node, moved.shared) == ("row1", "n1", shared)
+    assert (moved.row, moved.node, moved.kind, moved.shared) == (
+        "row1",
+        "n1",
+        "quarantined",
+        shared,
+    )
     assert set(moved.resubscribe) == {shared, "quarantine"}
     n1_topics = {f"{BASE}/r1/n1/{c}" for c in ("telemetry", "status", "events")}
     assert {t for t, _ in moved.resubscribe["quarantine"]} == n1_topics
@@ -270,6 +291,8 @@ def _bmc_core(tmp_path: Path) -> AggregatorCore:
             {
                 "name": "row1",
                 "budget_w": 10_000.0,
+                # The nodes' telemetry declares small GPUs: the row's meter may read more.
+                "meter_max_w": 12_000.0,
                 "racks": [{"name": "r1", "nodes": [{"name": "n1"}, {"name": "n2"}]}],
             }
         ],
@@ -337,3 +360,37 @@ def test_a_node_whose_agent_went_quiet_at_a_capping_level_is_capped_through_its_
     assert event is not None
     assert b'"event":"oob_cap_failed"' in event.payload
     assert (point.fields["caps"], point.fields["failures"]) == (1, 1)
+
+
+def test_a_quarantined_node_quiet_for_the_release_time_moves_back(tmp_path: Path) -> None:
+    """A fault that clears, clears: a quarantined node whose next admitted message comes
+    quarantine_release_s after its last refused one is planned back onto its shared
+    connection (both resubscribed), counted, and counts towards quarantine afresh; one
+    admitted sooner stays where it is."""
+    core = _core(
+        tmp_path, telemetry_per_s=0.01, telemetry_burst=1, quarantine_after=2,
+        quarantine_release_s=120.0,
+    )  # fmt: skip
+    shared = node_shard("n1", core.settings.intake.connections)
+    view = core.rows.trackers["row1"].nodes["n1"]
+
+    def send(now_s: float) -> Received:
+        return _receive(core, "r1/n1/telemetry", _telemetry("n1"), now_s=now_s)
+
+    for now_s in (1.0, 1.0, 50.0):  # one admitted, two refused (the token refills in 100 s)
+        send(now_s)
+    assert view.quarantined
+    early = send(150.0)  # admitted, 100 s after the last refusal
+    assert early.moves == ()
+    assert view.quarantined
+    back = send(300.0)  # admitted, 250 s after it
+    (moved,) = back.moves
+    assert (moved.kind, moved.shared) == ("released", shared)
+    n1_topics = {f"{BASE}/r1/n1/{c}" for c in ("telemetry", "status", "events")}
+    assert n1_topics <= {t for t, _ in moved.resubscribe[shared]}
+    assert not n1_topics & {t for t, _ in moved.resubscribe["quarantine"]}
+    assert (view.quarantined, view.releases, view.flood_refusals) == (False, 1, 0)
+    stepped = core.step(300.0, now_ns=1, now_mono_ns=300 * S)
+    assert stepped is not None
+    (n1,) = [n for n in stepped.result.rows[0].nodes if n.node == "n1"]
+    assert (n1.quarantined, n1.quarantine_releases) == (False, 1)

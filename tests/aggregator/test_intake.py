@@ -238,3 +238,38 @@ def test_subscriptions_cover_owned_rows_only() -> None:
         assert len(holders) == 1
         assert (f"{BASE}/r1/n{i}/status", 0) in shards[holders[0]]
         assert (f"{BASE}/r1/n{i}/events", 0) in shards[holders[0]]
+
+
+def test_a_bound_resting_on_the_nodes_word_is_said_once() -> None:
+    """A node whose GPUs are not in the table of published limits: one warning naming it and
+    what to configure, not one per message; a known product says nothing."""
+    from polca.telemetry.schema import GpuTelemetry
+
+    def telemetry(node: str, name: str, seq: int) -> bytes:
+        gpu = GpuTelemetry(index=0, uuid=f"GPU-{node}", name=name, power_limit_max_w=9_000.0)
+        return encode(
+            Telemetry(
+                ts_ns=1,
+                seq=seq,
+                node=node,
+                interval_s=1,
+                node_gpu_power_w=100,
+                node_energy_delta_j=1,
+                gpus=(gpu,),
+            )
+        )
+
+    row = RowSpec(
+        name="row1",
+        budget_w=10_000,
+        racks=(RackSpec(name="r1", nodes=(NodeSpec(name="n1"), NodeSpec(name="n2"))),),
+    )
+    intake, tracker, _ = _intake(RowTracker(row))
+    with capture_logs() as logs:
+        for seq in (1, 2, 3):
+            intake.handle(_msg(f"{BASE}/r1/n1/telemetry", telemetry("n1", "Future GPU", seq)), 0.0)
+            intake.handle(_msg(f"{BASE}/r1/n2/telemetry", telemetry("n2", "NVIDIA H200", seq)), 0.0)
+    said = [e for e in logs if e["event"] == "node_bound_declared"]
+    assert [(e["node"], e["source"]) for e in said] == [("n1", "declared")]
+    assert "gpu_max_power_w" in said[0]["detail"]
+    assert tracker.nodes["n2"].gpu_bound_w == 700.0 * 1.25

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from polca.aggregator.config import IntakeSettings, NodeSpec, RackSpec, RowSpec
 from polca.aggregator.rollup import IDENTITIES_PER_GPU, RowTracker
+from polca.gpu.products import PUBLISHED_MAX_POWER_W, published_max_power_w
 from polca.telemetry.schema import GpuTelemetry, Status, Telemetry
 
 STALE_S = 5.0
@@ -233,3 +234,62 @@ def test_no_sequence_of_readings_counts_a_node_above_its_bound(
             tracker.ingest_status(node, Status(ts_ns=1, state="offline", node=node))
         rollup = tracker.rollup(step + 0.5, stale_after_s=STALE_S)
         assert rollup.computed_power_w <= 2 * (8 * 1400 * 1.25 + 500) + 1e-6
+
+
+def _product(node: str, name: str, declared_max_w: float, per_gpu_w: float = 100.0) -> Telemetry:
+    gpus = tuple(
+        GpuTelemetry(
+            index=i,
+            uuid=f"GPU-{node}-{i}",
+            name=name,
+            power_mean_w=per_gpu_w,
+            enforced_power_limit_w=min(declared_max_w, 700.0),
+            power_limit_max_w=declared_max_w,
+        )
+        for i in range(8)
+    )
+    return _telemetry(node, gpus)
+
+
+def test_a_node_cannot_raise_its_own_bound_above_its_products() -> None:
+    """An H100 node declaring a 10 kW maximum per GPU: its bound is the product's published
+    700 W (x 1.25 headroom), not its word, so a 20 kW claim counts at 7 kW plus non-GPU."""
+    tracker = RowTracker(_row(), BOUNDS)
+    tracker.ingest_telemetry("n1", _product("n1", "NVIDIA H100 80GB HBM3", 10_000.0), 0.0)
+    view = tracker.nodes["n1"]
+    assert view.bound_source == "product"
+    assert view.gpu_bound_w == pytest.approx(8 * 700 * 1.25)
+    claim = _product("n1", "NVIDIA H100 80GB HBM3", 10_000.0, per_gpu_w=2_500.0)
+    assert tracker.ingest_telemetry("n1", claim, 0.2).anomalies == ("power",)
+    assert _power(tracker, "n1") == pytest.approx(8 * 700 * 1.25 + 500)
+
+
+def test_a_declared_maximum_below_the_products_is_the_bound() -> None:
+    """A node may lower its own bound (an A100 80 GB at 400 W, of the product's 500 W)."""
+    tracker = RowTracker(_row(), BOUNDS)
+    tracker.ingest_telemetry("n1", _product("n1", "NVIDIA A100-SXM4-80GB", 400.0), 0.0)
+    assert tracker.nodes["n1"].gpu_bound_w == pytest.approx(8 * 400 * 1.25)
+    assert tracker.nodes["n1"].bound_source == "product"
+
+
+def test_an_unknown_product_rests_on_the_nodes_word_and_the_intakes_cap() -> None:
+    """A product polca has no published limit for: the declared maximum, cut to
+    intake.max_gpu_power_w (1,400 W); the bound says where it came from."""
+    tracker = RowTracker(_row(), BOUNDS)
+    tracker.ingest_telemetry("n1", _product("n1", "Some Future GPU", 10_000.0), 0.0)
+    assert tracker.nodes["n1"].bound_source == "declared"
+    assert tracker.nodes["n1"].gpu_bound_w == pytest.approx(8 * 1400 * 1.25)
+    configured = RowTracker(_row(NodeSpec(name="n1", gpu_max_power_w=900.0)), BOUNDS)
+    configured.ingest_telemetry("n1", _product("n1", "Some Future GPU", 10_000.0), 0.0)
+    assert configured.nodes["n1"].bound_source == "topology"
+    assert configured.nodes["n1"].gpu_bound_w == pytest.approx(8 * 900 * 1.25)
+
+
+def test_the_product_table_matches_names_as_nvml_spells_them() -> None:
+    """Exact names, compared without case or runs of spaces; unknown or empty: None."""
+    assert published_max_power_w("NVIDIA H100 80GB HBM3") == 700.0
+    assert published_max_power_w("nvidia  h100 80gb hbm3") == 700.0
+    assert published_max_power_w("NVIDIA H100") is None
+    assert published_max_power_w("") is None
+    assert published_max_power_w(None) is None
+    assert all(0 < w <= 1400.0 for w in PUBLISHED_MAX_POWER_W.values())

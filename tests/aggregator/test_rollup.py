@@ -117,7 +117,8 @@ def test_trend_is_the_least_squares_slope() -> None:
 
 
 def test_meter_far_below_node_telemetry_is_not_trusted() -> None:
-    """A 0 W meter reading while the nodes report 21 kW of GPUs leaves the computed power."""
+    """A 0 W meter reading while the nodes report 21 kW of GPUs leaves the computed power;
+    a plausible reading right after it is only a floor under the computed power (held)."""
     tracker = RowTracker(_row(meter=True))
     for node in ("n1", "n2", "n3"):
         tracker.ingest_telemetry(node, _telemetry(node, 7_000), now_s=0)
@@ -125,13 +126,19 @@ def test_meter_far_below_node_telemetry_is_not_trusted() -> None:
     rollup = tracker.rollup(0.5, stale_after_s=STALE_S)
     assert rollup.power_source == "computed"
     assert rollup.power_w == rollup.computed_power_w > 21_000
-    assert rollup.meter_rejected_w == 0.0
+    assert rollup.meter is not None
+    assert rollup.meter.verdict == "under_reading"
     tracker.rollup(0.6, stale_after_s=STALE_S)
-    assert tracker.meter_rejected == 1  # counted once per reading, not per step
-    tracker.ingest_meter(Meter(ts_ns=2, power_w=24_000.0), now_s=1)
-    plausible = tracker.rollup(1.5, stale_after_s=STALE_S)
-    assert plausible.power_source == "meter"
-    assert plausible.power_w == 24_000.0
+    assert tracker.witness.refusals["under_reading"] == 1  # once per reading, not per step
+    tracker.ingest_meter(Meter(ts_ns=2, power_w=21_000.0), now_s=1)
+    held = tracker.rollup(1.5, stale_after_s=STALE_S)
+    assert held.meter is not None
+    assert held.meter.verdict == "held"
+    assert held.power_w == held.computed_power_w  # the larger of the two
+    tracker.ingest_meter(Meter(ts_ns=3, power_w=21_001.0), now_s=31)
+    used = tracker.rollup(31.0, stale_after_s=STALE_S)
+    assert used.power_source == "meter"
+    assert used.power_w == 21_001.0
 
 
 def test_a_node_cannot_under_report_by_contradicting_itself() -> None:

@@ -71,8 +71,14 @@ def test_probe(
         "limit_min_w": 300.0,
         "limit_max_w": 1500.0,
         "control": answer["control"],
+        "units": "W",
+        "controls": answer["controls"],
     }
     assert answer["control"].startswith("/redfish/v1/Chassis/node1/")
+    # The power controls seen on the node's chassis (none in the legacy shape).
+    assert [c["chosen"] for c in answer["controls"]] == (
+        [True] if answer["control"].endswith("NodePower") else []
+    )
 
 
 def test_cap_and_restore(

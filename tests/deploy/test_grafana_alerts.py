@@ -521,12 +521,14 @@ def _aggregator(
 
 
 SCENARIO = (
-    # r1 at T2, over budget; r2 at T1 with nodes offline; r3 was at T3 and over budget.
+    # r1 at T2, over budget, its meter distrusted now; r2 at T1 with nodes offline; r3 was
+    # at T3 and over budget, its meter distrusted then, trusted again.
     _row("r1", level=[2, 2, 2, 2], power_w=[1050, 1080, 1100, 1100], budget_w=[1000] * 4,
-         nodes_offline=[0] * 4),
-    _row("r2", level=[1] * 4, power_w=[900] * 4, budget_w=[1000] * 4, nodes_offline=[2] * 4),
+         nodes_offline=[0] * 4, meter_trusted=[1, 1, 0, 0]),
+    _row("r2", level=[1] * 4, power_w=[900] * 4, budget_w=[1000] * 4, nodes_offline=[2] * 4,
+         meter_trusted=[1] * 4),
     _row("r3", level=[3, 3, 0, 0], power_w=[1200, 1200, 950, 950], budget_w=[1000] * 4,
-         nodes_offline=[1, 1, 0, 0]),
+         nodes_offline=[1, 1, 0, 0], meter_trusted=[0, 0, 1, 1]),
     # A brake now; a constant counter; a counter reset; a brake 20 minutes ago.
     _brakes("r1", "row", [0, 0, 1, 1], old=[0, 0]),
     _brakes("r1", "rack:k1", [2, 2, 2, 2]),
@@ -595,6 +597,7 @@ CASES = {
     "PolcaNodeFailSafe": _case("node", {"n1"}, {"n2", "n3"}),
     "PolcaNodeStale": _case("node", {"n2"}, {"n1", "n3"}),
     "PolcaNodesOffline": _case("row", {"r2"}, {"r1", "r3"}),
+    "PolcaRowMeterDistrusted": _case("row", {"r1"}, {"r2", "r3"}),
     "PolcaAgentGpuErrors": _case("node", {"n1"}, {"n2", "n3"}),
     "PolcaGpuXid": _case("node/gpu_index", {"n1/0"}, {"n1/1", "n2/0", "n2/1"}),
     "PolcaGpuMemoryErrors": _case("node/gpu_index", {"n1/1", "n2/0"}, {"n1/0", "n2/1"}),

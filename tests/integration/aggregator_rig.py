@@ -49,12 +49,24 @@ class AggregatorProcess(JsonLogProcess):
                 "stale_after_s": 1.5,
                 "warmup_s": 1.0,
                 "trend_window_s": 2.0,
+                # ... and it repeats one figure while the agents cap: not a hung PDU card.
+                "meter_frozen_readings": 100_000,
             },
             "rows": [
                 {
                     "name": ROW,
                     "budget_w": budget_w,
-                    **({"meter_topic": self.meter_topic, "meter_max_age_s": 2.0} if meter else {}),
+                    # The probe's meter is a figure of the test's, not a device: the row may
+                    # read up to twice its budget (beyond what its few fake GPUs can draw).
+                    **(
+                        {
+                            "meter_topic": self.meter_topic,
+                            "meter_max_age_s": 2.0,
+                            "meter_max_w": 2 * budget_w,
+                        }
+                        if meter
+                        else {}
+                    ),
                     "racks": [
                         {
                             "name": rack,

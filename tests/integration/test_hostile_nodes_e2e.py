@@ -69,13 +69,15 @@ USERS = (HONEST, LIAR, "polca-aggregator", "polca-scheduler", "polca-viewer", "m
 NON_GPU_W = 500.0  # the aggregator rig's non_gpu_w of every node
 BUDGET_W = 40_000.0
 """T1 is at 32 kW: node1 (8 x 200 W + 500 W) plus node2's largest plausible bound
-(8 x 1400 W x 1.25 + 500 W, undeclared) is 16.6 kW, so nominal is the right level; one
-node counted at what it claims (9 MW, 9.2 MW of limits) would brake the row."""
+(8 x 500 W x 1.25 + 500 W, undeclared: its A100s' published limit) is 7.6 kW, so nominal
+is the right level; one node counted at what it claims (9 MW, 9.2 MW of limits) would
+brake the row."""
 DECLARED = {"gpus": 8, "gpu_max_power_w": 400.0}
 DECLARED_BOUND_W = 8 * 400.0 * 1.25 + NON_GPU_W
 """The most node2, declared with 8 GPUs of at most 400 W, is ever counted at."""
-UNDECLARED_BOUND_W = 8 * 1400.0 * 1.25 + NON_GPU_W
-"""Undeclared: its first telemetry's 8 GPUs at intake.max_gpu_power_w (1400 W) at most."""
+UNDECLARED_BOUND_W = 8 * 500.0 * 1.25 + NON_GPU_W
+"""Undeclared: its first telemetry's 8 GPUs at the published maximum of the product they
+name (an A100-SXM4-80GB: 500 W, polca.gpu.products), whatever limit they declare."""
 INTERVAL_S = 0.5
 """The aggregator's control interval."""
 GAP_BOUND_S = 2 * INTERVAL_S + 1.0
@@ -341,6 +343,7 @@ async def _row(
     *,
     liar: dict[str, Any] | None = None,
     control: dict[str, Any] | None = None,
+    budget_w: float = BUDGET_W,
 ) -> AsyncIterator[Row]:
     """The deploy broker, node1's agent and the aggregator, running and nominal.
 
@@ -369,7 +372,7 @@ async def _row(
             broker=broker,
             policy=policy,
             racks={"rack1": [HONEST], "rack2": [LIAR]},
-            budget_w=BUDGET_W,
+            budget_w=budget_w,
             interval_s=INTERVAL_S,
             node_fields={LIAR: DECLARED if liar is None else liar},
             extra={
@@ -700,4 +703,66 @@ async def test_a_forged_control_term_is_refused_while_the_real_lease_lives(
         assert not row.rejected("control_fenced")
         brakes = [e for e in row.logs(row.agent, "cap_applied") if e["sm_clock_max_mhz"] == 288]
         assert not brakes
+        row.check_daemons()
+
+
+async def _feed_node2(client: aiomqtt.Client, gpu_w: float) -> None:
+    """node2 (its own credentials) reporting ``gpu_w`` of GPU power every 0.5 s."""
+    for seq in itertools.count(1):
+        await client.publish(f"{LIAR_TOPIC}/telemetry", _telemetry(seq, gpu_w), qos=0)
+        await asyncio.sleep(INTERVAL_S)
+
+
+async def _feed_meter_w(client: aiomqtt.Client, power_w: float) -> None:
+    while True:
+        reading = Meter(ts_ns=time.time_ns(), power_w=power_w)
+        await client.publish(f"{BASE}/meter", encode(reading), qos=0)
+        await asyncio.sleep(0.2)
+
+
+async def test_a_meter_reading_a_quarter_low_is_not_believed_nor_a_wild_one(
+    tmp_path: Path, a100_node: FakeNvml
+) -> None:
+    """The row's meter (user ``meter``, through the shipped ACL) reads 4.4 kW while its
+    nodes report 5.8 kW for the whole node (GPUs plus 500 W each): 69% by the meter, 91%
+    by the nodes. Believing the meter (it is above 90% of the nodes' GPU power alone)
+    would leave the row uncapped; the aggregator refuses it as under-reading and caps the
+    row at T2 on its computed power, says why in the summary, the log and /metrics. Then
+    a 10 MW reading (the row can draw 12.8 kW) brakes nothing."""
+    budget_w = 6_400.0  # T1 5,120 W, T2 5,696 W, brake 6,272 W
+    async with _row(tmp_path, a100_node, budget_w=budget_w) as row:
+        async with row.client(LIAR) as node2, row.client("meter") as meter:
+            tasks = [asyncio.create_task(_feed_node2(node2, 8 * 400.0))]
+            tasks.append(asyncio.create_task(_feed_meter_w(meter, 4_400.0)))
+            try:
+                mark = len(row.viewer.seen)
+                capped = await row.wait_summary(
+                    lambda s: s.level >= 2 and "below the nodes' own power" in s.power_note,
+                    since=mark,
+                )
+                assert capped.power_source == "computed"
+                assert capped.power_w > 0.89 * budget_w
+                await wait_until(lambda: row.locks() == [1110] * 8, timeout_s=20, what="T2")
+                assert await row.wait_metric("polca_row_meter_trusted", lambda v: v == 0) == 0
+                distrusted = row.logs(row.aggregator, "meter_distrusted")
+                assert [e["reason"] for e in distrusted] == ["under_reading"]
+                tasks.pop().cancel()
+                tasks.append(asyncio.create_task(_feed_meter_w(meter, 1e7)))
+                mark = len(row.viewer.seen)
+                wild = await row.wait_summary(
+                    lambda s: "above what the row can draw" in s.power_note, since=mark
+                )
+                assert wild.power_source == "computed"
+                await row.more_summaries(6)
+                assert {s.level for s in row.viewer.summaries(mark)} <= {2}
+                assert 288 not in row.locks()
+                reasons = [e["reason"] for e in row.logs(row.aggregator, "meter_distrusted")]
+                assert reasons == ["under_reading", "implausible"]
+                assert (
+                    await row.wait_metric("polca_row_meter_refusals_total", lambda v: v >= 10) >= 10
+                )
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
         row.check_daemons()

@@ -30,7 +30,10 @@ A message is refused (and counted) when it is:
   above the old one's by a plausible step; a term far above the highest term seen in this
   process's lifetime is accepted only after the lease of the current term lapses (bounding
   a forged term to one lease, as epochs are), and a live controller renewing its lease
-  cannot be fenced out by one. The first term ever seen (no lease yet) is accepted;
+  cannot be fenced out by one. A term above ``max_term`` (``agent.max_term``, 2**40) is
+  refused always, the first one this node sees included: no etcd cluster polca elects on
+  reaches that revision (a trillion writes), so such a term is forged, and a forged first
+  message cannot fence out the real controller that comes after it;
 - ``stale``: not newer, by ``(epoch_ns, seq)``, than the last one accepted for its scope;
   a *lower* epoch (a controller restarted after its clock stepped back) is accepted once
   the higher epoch's lease has run out, so no stamp can lock the real controller out;
@@ -55,6 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from polca.coord.leadership import MAX_PLAUSIBLE_TERM
 from polca.telemetry.checks import ClockWindow
 from polca.telemetry.schema import Control
 
@@ -75,6 +79,8 @@ REFUSED: frozenset[Verdict] = frozenset(
 )
 DEFAULT_MAX_TERM_STEP = 2**32
 """A term more than this above the highest accepted waits for that term's lease to lapse."""
+DEFAULT_MAX_TERM = MAX_PLAUSIBLE_TERM
+"""No real leadership term is above this (an etcd revision: a trillion writes)."""
 MAX_PLAUSIBLE_SKEW_NS = 7 * 86_400 * 1_000_000_000
 """Beyond this, a live message's stamp is not a skewed clock but a forged or broken one."""
 
@@ -102,7 +108,7 @@ class ControlTracker:
     ``issuers`` empty accepts any issuer (the core warns about it at start-up,
     ``AgentCore.discovered``);
     ``max_term_step`` bounds the term a control may jump to while the current term's lease
-    runs (``agent.max_term_step``).
+    runs (``agent.max_term_step``); ``max_term`` any term (``agent.max_term``).
     """
 
     row: str
@@ -110,6 +116,7 @@ class ControlTracker:
     window: ClockWindow
     issuers: frozenset[str] = frozenset()
     max_term_step: int = DEFAULT_MAX_TERM_STEP
+    max_term: int = DEFAULT_MAX_TERM
     row_lease: Lease | None = None
     rack_lease: Lease | None = None
     rejected: int = 0
@@ -176,6 +183,8 @@ class ControlTracker:
             order.expires_mono_ns > received_mono_ns for order in self._order.values()
         ):
             return "fenced", 0
+        if control.term > self.max_term:
+            return "term_jump", 0
         if control.term - self.term > self.max_term_step and any(
             order.term == self.term and order.expires_mono_ns > received_mono_ns
             for order in self._order.values()

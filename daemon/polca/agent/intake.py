@@ -79,6 +79,7 @@ class MessageIntake:
             window=self.clock_window,
             issuers=frozenset(settings.control_issuers),
             max_term_step=settings.max_term_step,
+            max_term=settings.max_term,
         )
         # Drops are logged at most once per reason and 10 s of the receipt clock (no clock
         # read here: ``handle`` and ``drop_at`` set the time).

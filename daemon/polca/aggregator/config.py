@@ -16,6 +16,7 @@ from typing import Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from polca.aggregator.witness import WitnessSettings
 from polca.bmc.config import BmcSettings
 from polca.cooling.loops import CoolingSettings
 from polca.settings import DEFAULT_TOPIC_ROOT, InfluxSettings, ProcessSettings, read_secret
@@ -98,6 +99,14 @@ class RowSpec(_Model):
     meter_max_age_s: float = Field(
         5.0, gt=0, le=3600, description="A meter reading older than this is ignored."
     )
+    meter_max_w: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_BUDGET_W,
+        description="The most the row's meter may read: above it a reading is implausible "
+        "and not used; default: the sum of the row's nodes' plausible maxima (their "
+        "nameplate_w, else their GPUs' bound) with their non-GPU power.",
+    )
     racks: tuple[RackSpec, ...] = Field(min_length=1, max_length=MAX_ROW_RACKS)
 
     def nodes(self) -> list[tuple[RackSpec, NodeSpec]]:
@@ -168,10 +177,45 @@ class ControlSettings(_Model):
         0.9,
         ge=0,
         le=1,
-        description="A meter reading below this fraction of the GPU power the row's fresh "
-        "nodes report is implausible (a meter cannot read less than what it feeds): the "
-        "computed row power is used instead, and the reading is counted.",
+        description="A meter reading below this fraction of the whole-node power the row's "
+        "fresh nodes report (their GPU power plus their non_gpu_w and non_gpu_factor) is "
+        "under-reading (a meter cannot read less than what it feeds): the computed row "
+        "power is used instead, and the reading is counted. 1 minus this is the tolerance "
+        "for the nodes' non-GPU estimate and the meter's accuracy.",
     )
+    meter_hold_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="After a refused meter reading, the meter's readings only raise the row "
+        "power above its computed power (never lower it) for this long, so the choice "
+        "does not flap from one reading to the next.",
+    )
+    meter_frozen_readings: int = Field(
+        10,
+        ge=2,
+        le=100_000,
+        description="A meter reading repeated exactly this many times in a row while the "
+        "row's computed power moved by more than meter_frozen_change_fraction is frozen "
+        "(a hung PDU card answers its last value): not used until its value moves.",
+    )
+    meter_frozen_change_fraction: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="How far, as a fraction, the row's computed power must move while a "
+        "meter repeats one value for the meter to be frozen.",
+    )
+
+    def witness(self) -> WitnessSettings:
+        """How far each row's meter is believed (``polca.aggregator.witness``)."""
+        return WitnessSettings(
+            min_fraction=self.meter_min_fraction,
+            hold_s=self.meter_hold_s,
+            frozen_readings=self.meter_frozen_readings,
+            frozen_change_fraction=self.meter_frozen_change_fraction,
+        )
+
     crash_loop_after: int = Field(
         3,
         ge=2,
@@ -266,8 +310,16 @@ class IntakeSettings(_Model):
         100,
         ge=1,
         description="A node whose messages the admission refused this many times is moved "
-        "to a connection of its own (until the aggregator restarts): its flood then fills "
-        "that connection's queue at the broker, not the one it shared with other nodes.",
+        "to a connection of its own: its flood then fills that connection's queue at the "
+        "broker, not the one it shared with other nodes.",
+    )
+    quarantine_release_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="A quarantined node whose messages the admission has refused none of "
+        "for this long is moved back to its shared connection (on its next admitted "
+        "message; node_released event), and counts towards quarantine_after afresh.",
     )
     warn_every_s: float = Field(
         60.0,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from polca.aggregator.config import AggregatorSettings
-from polca.aggregator.intake import Intake, node_shard
+from polca.aggregator.intake import Intake, NodeMoveKind, node_shard
 from polca.coord.etcd import Elector, EtcdClient
 from polca.coord.leadership import Leadership
 from polca.telemetry.bus import Bus, BusFactory, OutMessage
@@ -30,13 +30,13 @@ Subscriptions = list[tuple[str, int]]
 """Topic filters with their QoS, as a bus subscribes them."""
 
 __all__ = [
-    "Quarantine",
+    "NodeMove",
     "Subscriptions",
     "client_id",
     "elector",
     "intake_plan",
     "make_buses",
-    "quarantine",
+    "move_node",
 ]
 
 
@@ -93,28 +93,33 @@ def make_buses(
 
 
 @dataclass(frozen=True, slots=True)
-class Quarantine:
-    """A flooding node moved off its shared connection (``quarantine``)."""
+class NodeMove:
+    """A node moved between its shared connection and the ``quarantine`` one."""
 
     row: str
     node: str
+    kind: NodeMoveKind
+    """``quarantined`` (a flooding node moved off its shared connection) or ``released``
+    (moved back, its flood over); the event published is ``node_<kind>``."""
     shared: str
-    """The connection it shared with other nodes (for the ``node_quarantined`` event)."""
+    """The connection it shares with other nodes (for the event)."""
     resubscribe: dict[str, Subscriptions]
     """The connections whose subscriptions change, with their new ones."""
 
 
-def quarantine(intake: Intake, row: str, node: str, connections: int) -> Quarantine:
-    """Move ``node`` of ``row`` (already marked quarantined) to the quarantine connection.
+def move_node(
+    intake: Intake, row: str, node: str, kind: NodeMoveKind, connections: int
+) -> NodeMove:
+    """Move ``node`` of ``row`` (already marked by the intake) between its connections.
 
-    Its shared connection drops its topics, so that connection's broker queue drains and
-    the other nodes' readings get through again; the quarantine connection takes them,
-    so the node's own readings still count.
+    Quarantined, its shared connection drops its topics, so that connection's broker queue
+    drains and the other nodes' readings get through again; the quarantine connection takes
+    them, so the node's own readings still count. Released, the reverse.
     """
     shared = node_shard(node, connections)
     shards = intake.node_subscriptions(connections)
     moved = {name: shards[name] for name in (shared, "quarantine")}
-    return Quarantine(row, node, shared, moved)
+    return NodeMove(row, node, kind, shared, moved)
 
 
 def elector(

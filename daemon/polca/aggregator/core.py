@@ -7,7 +7,7 @@ shell (``runtime.py``) must do, as ``AgentCore`` does for the agent:
 
 - ``receive``: one received message, checked by the intake, into ``Received``: batches of
   points to write, whether to wake the control step, the nodes to move to the quarantine
-  connection (``connections.quarantine``), a deposition to report; never raises;
+  connection or back (``connections.move_node``), a deposition to report; never raises;
 - ``step``: one control step as a transaction, into ``Stepped``: the messages to publish
   once all were built and the level changes to audit; a step that raised is undone
   (``RowControl.restore``), counted (``control_step_failed``) and publishes nothing;
@@ -24,6 +24,7 @@ alone, or leading within its lease, publishes. Time is passed in: ``received_s``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,8 +67,9 @@ class Received:
     """Batches of points, each one write to the sinks, in order."""
     deposed: int | None = None
     """A peer published at this higher term: this instance stopped leading."""
-    quarantined: tuple[connections.Quarantine, ...] = ()
-    """Nodes newly over their refusals: their topics move to the quarantine connection."""
+    moves: tuple[connections.NodeMove, ...] = ()
+    """Nodes newly over their refusals (their topics move to the quarantine connection) or
+    released from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,15 +146,20 @@ class AggregatorCore:
         accepted = self.intake.handle(message, received_s)
         try:
             if accepted is None:
-                moved = tuple(
-                    connections.quarantine(self.intake, row, node, self.settings.intake.connections)
-                    for row, node in self.intake.take_quarantined()
-                )
-                return Received(quarantined=moved)
-            return self.route(accepted, writing=writing, now_s=now_s)
+                return Received(moves=self._moves())
+            received = self.route(accepted, writing=writing, now_s=now_s)
+            moves = self._moves()
+            return dataclasses.replace(received, moves=moves) if moves else received
         except Exception as exc:  # one message must never end the intake
             self.intake.drops.drop("internal", exc=exc, topic=message.topic, detail=repr(exc))
             return Received()
+
+    def _moves(self) -> tuple[connections.NodeMove, ...]:
+        connections_n = self.settings.intake.connections
+        return tuple(
+            connections.move_node(self.intake, row, node, kind, connections_n)
+            for row, node, kind in self.intake.take_moves()
+        )
 
     def route(self, accepted: Accepted, *, writing: bool, now_s: float) -> Received:
         """Apply what the intake accepted to the rows; what the shell does next."""

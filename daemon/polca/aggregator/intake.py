@@ -38,12 +38,13 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final, Literal, TypeVar
 
 import structlog
 
 from polca.aggregator.config import IntakeSettings
 from polca.aggregator.rollup import Anomaly, NodeView, RowTracker
+from polca.coord.leadership import MAX_PLAUSIBLE_TERM
 from polca.errors import SchemaError, StaleMessageError
 from polca.telemetry.bus import InMessage
 from polca.telemetry.checks import ClockWindow, DropLog, RateGate, TokenBucket, check_identity
@@ -59,6 +60,9 @@ from polca.telemetry.schema import (
     decode,
 )
 from polca.telemetry.topics import NodeAddress, NodeChannel, Topics
+
+NodeMoveKind = Literal["quarantined", "released"]
+"""A node moved to the quarantine connection, or back to its shared one."""
 
 _log = structlog.get_logger()
 _NODE_CHANNELS: Final[tuple[NodeChannel, ...]] = ("telemetry", "status", "events")
@@ -152,7 +156,7 @@ class Intake:
     _buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict)
     _now_s: float = 0.0  # the receipt time of the message being handled
     _warnings: RateGate = field(init=False)
-    _to_quarantine: list[tuple[str, str]] = field(default_factory=list)
+    _moves: list[tuple[str, str, NodeMoveKind]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._warnings = RateGate(self.limits.warn_every_s)
@@ -213,11 +217,12 @@ class Intake:
                 shards[shard].extend(self.node_topics(name, node))
         return shards
 
-    def take_quarantined(self) -> list[tuple[str, str]]:
-        """The (row, node) pairs newly over ``quarantine_after`` refusals, for the shell to
-        move to the quarantine connection (each once; ``node_subscriptions`` already lists
-        them there)."""
-        taken, self._to_quarantine = self._to_quarantine, []
+    def take_moves(self) -> list[tuple[str, str, NodeMoveKind]]:
+        """The (row, node, kind) of nodes newly ``quarantined`` (over ``quarantine_after``
+        refusals) or ``released`` (none refused for ``quarantine_release_s``), for the shell
+        to move between connections (each once; ``node_subscriptions`` already lists them
+        where they go)."""
+        taken, self._moves = self._moves, []
         return taken
 
     def _received_s(self) -> float:
@@ -277,7 +282,23 @@ class Intake:
             check_identity("node", payload=telemetry.node, topic=addr.node)
             _not_retained(message, "telemetry")
             telemetry = self._trusted(telemetry, message, channel)
+            view = tracker.nodes[addr.node]
+            learned = view.bound_source is not None
             ingested = tracker.ingest_telemetry(addr.node, telemetry, now_s)
+            if not learned and view.bound_source in ("declared", "intake"):
+                _log.warning(
+                    "node_bound_declared",
+                    row=addr.row,
+                    node=addr.node,
+                    source=view.bound_source,
+                    gpus=view.gpu_count,
+                    gpu_bound_w=view.gpu_bound_w,
+                    product=telemetry.gpus[0].name[:64] if telemetry.gpus else None,
+                    detail="the node's GPUs are not in polca's table of published power "
+                    "limits: its bound rests on what it declares (at most "
+                    "intake.max_gpu_power_w a GPU); set gpu_max_power_w or nameplate_w in "
+                    "the topology",
+                )
             if ingested.anomalies:
                 self._implausible(addr.row, addr.node, telemetry, ingested.anomalies, now_s)
             return TelemetryIn(
@@ -328,7 +349,8 @@ class Intake:
         One bucket per source and kind, and one of payload bytes per source; refused
         messages are counted (``rate_limited``, and per node: ``node`` is its row and
         view) and cost no decoding. A node refused ``quarantine_after`` times is queued
-        for ``take_quarantined``.
+        for ``take_moves`` as quarantined; a quarantined one whose message is admitted
+        ``quarantine_release_s`` after its last refusal, as released.
         """
         limits = self.limits
         bucket = self._buckets.get((source, kind))
@@ -344,13 +366,17 @@ class Intake:
             volume = TokenBucket(limits.bytes_per_s, limits.bytes_burst)
             self._buckets[(source, "bytes")] = volume
         if bucket.take(1, now_s) and volume.take(len(message.payload), now_s):
+            if node is not None and node[1].quarantined:
+                self._maybe_release(node[0], source, node[1], now_s)
             return True
         if node is not None:
             row, view = node
             view.rate_limited += 1
-            if view.rate_limited >= limits.quarantine_after and not view.quarantined:
+            view.flood_refusals += 1
+            view.refused_s = now_s
+            if view.flood_refusals >= limits.quarantine_after and not view.quarantined:
                 view.quarantined = True
-                self._to_quarantine.append((row, source))
+                self._moves.append((row, source, "quarantined"))
                 _log.warning(
                     "node_quarantined",
                     row=row,
@@ -363,6 +389,25 @@ class Intake:
             "rate_limited", topic=message.topic, detail=f"{source} over its {kind} rate"
         )
         return False
+
+    def _maybe_release(self, row: str, node: str, view: NodeView, now_s: float) -> None:
+        """Move a quarantined node back once it sent no refused message for the release
+        time: the fault cleared (its flood stopped), so it shares a connection again."""
+        quiet_s = now_s - (view.refused_s if view.refused_s is not None else now_s)
+        if quiet_s < self.limits.quarantine_release_s:
+            return
+        view.quarantined = False
+        view.flood_refusals = 0
+        view.releases += 1
+        self._moves.append((row, node, "released"))
+        _log.info(
+            "node_released",
+            row=row,
+            node=node,
+            quiet_s=round(quiet_s, 1),
+            rate_limited=view.rate_limited,
+            releases=view.releases,
+        )
 
     def _implausible(
         self,
@@ -422,6 +467,11 @@ class Intake:
         check_identity("row", payload=control.row, topic=row)
         check_identity("rack", payload=control.rack, topic=rack)
         if control.issuer in self.peers:
+            if control.term > MAX_PLAUSIBLE_TERM:  # forged: it may not depose our leader
+                self.drops.drop(
+                    "term_jump", topic=message.topic, detail=f"term {control.term} is forged"
+                )
+                return None
             return PeerControl(control, message.retain)
         if control.issuer != self.issuer:
             self.drops.drop(

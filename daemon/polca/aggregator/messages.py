@@ -15,7 +15,6 @@ import structlog
 from pydantic import ValidationError
 
 from polca import __version__
-from polca.aggregator.rollup import RowRollup
 from polca.aggregator.step import RowResult, Scope, StepResult
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.supervisor import LoopAssessment
@@ -49,13 +48,25 @@ def step_messages(
     topics: Topics, *, site: str, issuer: str, result: StepResult
 ) -> Iterator[OutMessage]:
     """Everything one step publishes, in order: cooling alarms and loop states, then per
-    row its scopes' control and its summary."""
+    row the changes of its meter's standing (audit events), its scopes' control and its
+    summary."""
     now_ns = result.now_ns
-    for event in result.cooling.events:
-        yield alarm(topics, site=site, event=event, now_ns=now_ns)
+    for alarm_event in result.cooling.events:
+        yield alarm(topics, site=site, event=alarm_event, now_ns=now_ns)
     for name, loop in result.cooling.loops.items():
         yield loop_state(topics, site=site, name=name, loop=loop, now_ns=now_ns)
     for row in result.rows:
+        for change in row.rollup.meter_changes:
+            message = event(
+                topics,
+                site=site,
+                instance=issuer,
+                name=change.event,
+                detail={"row": row.spec.name, **change.fields},
+                now_ns=now_ns,
+            )
+            if message is not None:
+                yield message
         yield control(topics, site, (row.spec.name, None), encode(row.decision.control))
         for rack, decision in row.rack_decisions.items():
             yield control(topics, site, (row.spec.name, rack), encode(decision.control))
@@ -105,15 +116,6 @@ def loop_state(
     return OutMessage(topics.loop_state(site, name), encode(message), qos=1, retain=True)
 
 
-def _power_note(rollup: RowRollup) -> str:
-    """Why the row runs on its computed power although its meter reported, if it did."""
-    if rollup.meter_partial is not None:
-        return f"meter reading partial ({rollup.meter_partial})"
-    if rollup.meter_rejected_w is not None:
-        return f"meter reading {rollup.meter_rejected_w:.0f} W below the nodes' GPU power"
-    return ""
-
-
 def summary(topics: Topics, *, site: str, issuer: str, row: RowResult, now_ns: int) -> OutMessage:
     """The row as the aggregator sees it, for ``polca status`` (retained)."""
     rollup, decision, budgets = row.rollup, row.decision, row.budgets
@@ -123,7 +125,7 @@ def summary(topics: Topics, *, site: str, issuer: str, row: RowResult, now_ns: i
         issuer=issuer,
         power_w=rollup.power_w,
         power_source=rollup.power_source,
-        power_note=_power_note(rollup)[:512],
+        power_note=rollup.power_note[:512],
         budget_w=rollup.budget_w,
         effective_budget_w=budgets.row_w,
         level=decision.level,

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+from polca.aggregator.witness import TrustChange
 from polca.bmc.actuator import OobOutcome
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import severity_rank
@@ -341,6 +342,14 @@ def level_changed_point(
     )
 
 
+def _meter_text(change: TrustChange) -> str:
+    """A meter standing change as an annotation's text."""
+    f = change.fields
+    if change.event == "meter_distrusted":
+        return f"meter distrusted ({f['reason']}): {f['reading_w']} W, bound {f['bound_w']} W"
+    return f"meter trusted again after {f['distrusted_s']} s ({f['refused_readings']} refused)"
+
+
 def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
     rollup, decision, budgets = row.rollup, row.decision, row.budgets
     thresholds = {f"threshold_{i + 1}_w": t for i, t in enumerate(decision.thresholds_w[:3])}
@@ -360,10 +369,24 @@ def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
             nodes_online=float(len(rollup.fresh_nodes)),
             nodes_stale=float(len(rollup.stale_nodes)),
             nodes_offline=float(len(rollup.offline_nodes)),
+            meter_trusted=None if rollup.meter_trusted is None else float(rollup.meter_trusted),
+            meter_refusals=rollup.meter_refusals if rollup.meter_trusted is not None else None,
             **thresholds,
         ),
         control_point_from(decision.control, site=site, brakes=decision.brakes),
     ]
+    out.extend(
+        make_point(
+            "event",
+            ts_ns=now_ns,
+            tags={"site": site, "row": rollup.row, "rack": "", "node": "", "kind": change.event},
+            fields={
+                "text": _meter_text(change),
+                "detail": json.dumps(change.fields, sort_keys=True),
+            },
+        )
+        for change in rollup.meter_changes
+    )
     out.extend(
         control_point_from(d.control, site=site, brakes=d.brakes)
         for d in row.rack_decisions.values()
@@ -410,6 +433,7 @@ def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
                 implausible_readings=node.implausible_readings,
                 rate_limited=node.rate_limited,
                 quarantined=float(node.quarantined),
+                quarantine_releases=node.quarantine_releases,
             )
         )
     return out

@@ -20,14 +20,14 @@ reading above that bound, or above a declared ``nameplate_w``, is implausible an
 the bound (never below its last plausible reading: fail safe, not open); GPUs beyond the
 count, or new GPU identities beyond twice the count, are cut from the message. The same
 bound holds an offline or stale node's last claim. A fresh meter reading (``meter_topic``)
-replaces the computed row power, unless it is implausible: below ``meter_min_fraction`` of
-the GPU power the row's fresh nodes report (a meter cannot read less than the GPUs it
-feeds draw), the reading is not trusted to uncap the row; the computed power is used and
-the reading counted (``meter_rejected``). A partial meter reading (one of the row's
-sources failed, ``polca meter``) is never used: the computed power is, and
-``RowRollup.meter_partial`` says which sources failed. Otherwise the sum of the nodes is
-used. The row power history feeds a least-squares trend (W/s) for the controller's
-brake-on-trend rule.
+replaces the computed row power when its witness (``witness.py``) believes it: not above
+what the row can draw, not below the whole-node power its fresh nodes report less a
+tolerance, not frozen while the nodes move, and not within the hold after a refusal (then
+it is only a floor under the computed power); ``RowRollup.meter`` says how it was judged.
+A partial meter reading (one of the row's sources failed, ``polca meter``) is never used:
+the computed power is, and ``RowRollup.meter_partial`` says which sources failed.
+Otherwise the sum of the nodes is used. The row power history feeds a least-squares trend
+(W/s) for the controller's brake-on-trend rule.
 """
 
 from __future__ import annotations
@@ -38,10 +38,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from polca.aggregator.config import IntakeSettings, NodeSpec, RowSpec
+from polca.aggregator.witness import MeterJudgement, MeterWitness, TrustChange
+from polca.gpu.products import published_max_power_w
 from polca.policy import trend
 from polca.telemetry.schema import GpuTelemetry, Meter, Status, Telemetry
 
 NodeHealth = Literal["fresh", "stale", "offline", "unknown"]
+BoundSource = Literal["topology", "product", "declared", "intake"]
+"""Where a node's per-GPU bound came from: the topology's ``gpu_max_power_w``, the table of
+published limits, the node's own declared maximum (cut to the intake's), or the intake's."""
 Anomaly = Literal["power", "gpu_list", "gpu_identity"]
 """Why a telemetry message was implausible: a claim above the node's bound (``power``),
 more GPUs than the node has (``gpu_list``), or GPU identities beyond what it can have
@@ -82,6 +87,10 @@ class NodeView:
     plausible_gpu_w: float = 0.0  # its last plausible GPU power
     rate_limited: int = 0  # its messages the intake refused (admission), since start
     quarantined: bool = False  # moved to a connection of its own for flooding
+    flood_refusals: int = 0  # refusals towards quarantine_after, since its last release
+    refused_s: float | None = None  # its last refused message (receipt time)
+    releases: int = 0  # times it was moved back from the quarantine connection
+    bound_source: BoundSource | None = None  # where its GPU bound came from (``learn``)
 
     def nameplate_w(self) -> float:
         """The conservative power of this node when its telemetry cannot be trusted."""
@@ -105,6 +114,18 @@ class NodeView:
         if self.spec.nameplate_w is not None:
             power_w = min(power_w, self.spec.nameplate_w)
         return power_w
+
+    def max_w(self, bounds: IntakeSettings) -> float:
+        """The most this node can draw, non-GPU power included: its nameplate, else its
+        GPUs' plausible bound (before its first report: the topology's GPU count and
+        maximum, else the intake's) with its non-GPU power."""
+        if self.spec.nameplate_w is not None:
+            return self.spec.nameplate_w
+        if self.gpu_bound_w is not None:
+            return self._with_non_gpu_w(self.gpu_ceiling_w())
+        count = self.spec.gpus or bounds.max_gpus_per_node
+        per_gpu_w = self.spec.gpu_max_power_w or bounds.max_gpu_power_w
+        return self._with_non_gpu_w(count * per_gpu_w * (1 + bounds.power_headroom_fraction))
 
     def plausible(self, gpu_w: float) -> bool:
         """Whether a GPU power claim is within what the node can draw (and its nameplate)."""
@@ -134,14 +155,29 @@ class NodeView:
         return self._node_w(self.gpu_power_w)
 
     def learn(self, gpus: tuple[GpuTelemetry, ...], bounds: IntakeSettings) -> None:
-        """Fix the GPU count and per-GPU bound from the topology or the first report."""
+        """Fix the GPU count and per-GPU bound from the topology or the first report.
+
+        The per-GPU bound: the topology's ``gpu_max_power_w``; else, for a product in the
+        table of published limits (``polca.gpu.products``), the smaller of that limit and
+        the largest maximum the node declares, never above the product's whatever it
+        declares; else the node's declared maximum cut to ``intake.max_gpu_power_w``
+        (``bound_source`` says which, so the intake can say when it trusted the node)."""
         count = self.spec.gpus or min(len(gpus), bounds.max_gpus_per_node)
         if count == 0:
             return  # nothing to learn from a report without GPUs: the next one
         per_gpu_w = self.spec.gpu_max_power_w
+        source: BoundSource = "topology"
         if per_gpu_w is None:
             reported = [g.power_limit_max_w for g in gpus if g.power_limit_max_w is not None]
-            per_gpu_w = min(max(reported, default=bounds.max_gpu_power_w), bounds.max_gpu_power_w)
+            declared_w = max(reported, default=bounds.max_gpu_power_w)
+            products = [published_max_power_w(g.name) for g in gpus[:count]]
+            known = [w for w in products if w is not None]
+            if known and len(known) == len(products):
+                per_gpu_w, source = min(declared_w, max(known)), "product"
+            else:
+                per_gpu_w = min(declared_w, bounds.max_gpu_power_w)
+                source = "declared" if reported else "intake"
+        self.bound_source = source
         self.gpu_count = count
         self.gpu_bound_w = count * per_gpu_w * (1 + bounds.power_headroom_fraction)
 
@@ -229,8 +265,19 @@ class RowRollup:
     implausible_nodes: tuple[str, ...]  # implausible telemetry within stale_after_s
     gpu_temp_max_c: float | None
     energy_j: float  # GPU energy reported since the aggregator started
-    meter_rejected_w: float | None = None  # an implausible meter reading, not used
+    meter: MeterJudgement | None = None  # a fresh whole meter reading, as judged
     meter_partial: str | None = None  # a fresh partial meter reading, not used: why
+    meter_changes: tuple[TrustChange, ...] = ()  # the meter's standing changed this step
+    meter_trusted: bool | None = None  # None: no meter reading ever came
+    meter_refusals: int = 0  # meter readings refused since start, every reason
+
+    @property
+    def power_note(self) -> str:
+        """Why the row does not run on its meter's reading alone ('' when it does, or has
+        no fresh reading)."""
+        if self.meter_partial is not None:
+            return f"meter reading partial ({self.meter_partial})"
+        return self.meter.note() if self.meter is not None else ""
 
     @property
     def all_reported(self) -> bool:
@@ -246,12 +293,12 @@ class RowTracker:
     bounds: IntakeSettings = field(default_factory=IntakeSettings)
     """What a node can draw when its topology does not say (``learn``)."""
     nodes: dict[str, NodeView] = field(default_factory=dict)
+    witness: MeterWitness = field(default_factory=MeterWitness)
+    """Whether the meter is believed (its settings: ``ControlSettings.witness``)."""
     meter_w: float | None = None
     meter_received_s: float | None = None
-    meter_rejected: int = 0  # implausible meter readings, not trusted
     meter_missing: str | None = None  # the last reading was partial: its failed sources
     meter_partial: int = 0  # partial meter readings received, never used as row power
-    _meter_rejected_at_s: float | None = None
     energy_j: float = 0.0
     history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     escalate_at_w: float = math.inf  # the next threshold above the row's level (``arm``)
@@ -339,11 +386,16 @@ class RowTracker:
             return False
         self.meter_w = meter.power_w
         self.meter_missing = None
+        self.witness.reading(meter.power_w, computed_w=self.estimate_w)
         return self._crossed(meter.power_w)
 
-    def rollup(
-        self, now_s: float, *, stale_after_s: float, meter_min_fraction: float = 0.9
-    ) -> RowRollup:
+    def ceiling_w(self) -> float:
+        """The most the row can draw: ``meter_max_w``, else its nodes' maxima summed."""
+        if self.spec.meter_max_w is not None:
+            return self.spec.meter_max_w
+        return sum(view.max_w(self.bounds) for view in self.nodes.values())
+
+    def rollup(self, now_s: float, *, stale_after_s: float) -> RowRollup:
         """The row now; also appends the row power to the trend history."""
         racks: dict[str, list[tuple[NodeView, NodeHealth]]] = {r.name: [] for r in self.spec.racks}
         for view in self.nodes.values():
@@ -381,33 +433,39 @@ class RowTracker:
         computed = sum(r.power_w for r in rack_rollups)
         self.estimate_w = computed
         measured = None
-        rejected = None
+        judgement: MeterJudgement | None = None
+        changes: list[TrustChange] = []
+        power = computed
         if (
             self.meter_w is not None
             and self.meter_received_s is not None
             and now_s - self.meter_received_s <= self.spec.meter_max_age_s
         ):
-            fresh_gpu_w = sum(
-                view.gpu_power_w
+            reported_w = sum(
+                view.power_w(health)
                 for members in racks.values()
                 for view, health in members
                 if health == "fresh"
             )
-            if self.meter_w < meter_min_fraction * fresh_gpu_w:
-                rejected = self.meter_w
-                if self._meter_rejected_at_s != self.meter_received_s:
-                    self._meter_rejected_at_s = self.meter_received_s
-                    self.meter_rejected += 1
-            else:
+            judgement, changes = self.witness.judge(
+                self.meter_w,
+                now_s=now_s,
+                reported_w=reported_w,
+                ceiling_w=self.ceiling_w(),
+                computed_w=computed,
+            )
+            if judgement.verdict == "used":
+                measured = power = self.meter_w
+            elif judgement.verdict == "held":
                 measured = self.meter_w
-        power = measured if measured is not None else computed
+                power = max(computed, self.meter_w)
         self.history.append((now_s, power))
         return RowRollup(
             row=self.spec.name,
             computed_power_w=computed,
             measured_power_w=measured,
             power_w=power,
-            power_source="meter" if measured is not None else "computed",
+            power_source="meter" if measured is not None and power == measured else "computed",
             budget_w=self.spec.budget_w,
             racks=tuple(rack_rollups),
             fresh_nodes=tuple(sorted(fresh)),
@@ -418,7 +476,10 @@ class RowTracker:
             ),
             gpu_temp_max_c=max(temps) if temps else None,
             energy_j=self.energy_j,
-            meter_rejected_w=rejected,
+            meter=judgement,
+            meter_changes=tuple(changes),
+            meter_trusted=self.witness.trusted if self.meter_received_s is not None else None,
+            meter_refusals=self.witness.refusals.total(),
             meter_partial=(
                 self.meter_missing
                 if self.meter_received_s is not None

@@ -246,13 +246,13 @@ class Aggregator:
         writing, now_s = bool(self.sinks), self.mono_ns() / 1e9
         received = self.core.receive(message, received_s=received_s, now_s=now_s, writing=writing)
         try:
-            for moved in received.quarantined:
+            for moved in received.moves:
                 for name, subscriptions in moved.resubscribe.items():
                     bus = self.intake_buses.get(name)  # none before start()
                     if bus is not None:
                         bus.resubscribe(subscriptions)
                 self._event(
-                    "node_quarantined", row=moved.row, node=moved.node, connection=moved.shared
+                    f"node_{moved.kind}", row=moved.row, node=moved.node, connection=moved.shared
                 )
             if received.wake:
                 self.control_wake.set()

@@ -39,6 +39,7 @@ import structlog
 from polca.aggregator.config import AggregatorSettings, RowSpec
 from polca.aggregator.controller import ScopeController, ScopeDecision
 from polca.aggregator.rollup import NodeHealth, RowRollup, RowTracker
+from polca.aggregator.witness import MeterWitness
 from polca.cooling.budgets import effective_rack_budgets, effective_row_budget_w
 from polca.cooling.supervisor import CoolingStep, CoolingSupervisor
 from polca.policy import LoadedPolicy, Policy
@@ -75,6 +76,7 @@ class NodeResult:
     implausible_readings: int = 0  # implausible telemetry since start
     rate_limited: int = 0  # messages refused by admission since start
     quarantined: bool = False  # moved to a connection of its own for flooding
+    quarantine_releases: int = 0  # times it was moved back, its flood over
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +126,11 @@ class RowControl:
         self.settings = settings
         self.lease_s = settings.lease_s  # resolved once (its default depends on mqtt)
         self.log: Any = log if log is not None else structlog.get_logger()
-        self.trackers = {row.name: RowTracker(row, settings.intake) for row in settings.rows}
+        witness = settings.control.witness()
+        self.trackers = {
+            row.name: RowTracker(row, settings.intake, witness=MeterWitness(witness))
+            for row in settings.rows
+        }
         self.cooling = CoolingSupervisor(settings.cooling)
         self._shared: dict[int, Any] = {
             id(o): o for o in (settings.cooling, *settings.cooling.loops)
@@ -243,9 +249,7 @@ class RowControl:
         self._now_s = now_s
         ctl = self.settings.control
         rollups = {
-            name: tracker.rollup(
-                now_s, stale_after_s=ctl.stale_after_s, meter_min_fraction=ctl.meter_min_fraction
-            )
+            name: tracker.rollup(now_s, stale_after_s=ctl.stale_after_s)
             for name, tracker in self.trackers.items()
         }
         for rollup in rollups.values():
@@ -256,12 +260,13 @@ class RowControl:
                     detail=f"sources failed ({rollup.meter_partial}); computed "
                     f"{rollup.computed_power_w:.0f} W is used",
                 )
-            if rollup.meter_rejected_w is not None:
-                self.meter_log.drop(
-                    "below_node_telemetry",
-                    topic=rollup.row,
-                    detail=f"meter {rollup.meter_rejected_w:.0f} W; computed "
-                    f"{rollup.computed_power_w:.0f} W is used",
+            for change in rollup.meter_changes:
+                log = self.log.warning if change.event == "meter_distrusted" else self.log.info
+                log(
+                    change.event,
+                    row=rollup.row,
+                    computed_power_w=round(rollup.computed_power_w, 1),
+                    **change.fields,
                 )
         if not self._warmed_up(now_s, rollups):
             return None
@@ -386,6 +391,7 @@ class RowControl:
                     implausible_readings=view.implausible_readings,
                     rate_limited=view.rate_limited,
                     quarantined=view.quarantined,
+                    quarantine_releases=view.releases,
                 )
             )
         return RowResult(row, rollup, trend, decision, rack_decisions, budgets, tuple(nodes))

@@ -64,7 +64,7 @@ async def _redfish(node: BmcNode) -> tuple[_Closable, PowerControl]:
     from polca.redfish import open_session  # noqa: PLC0415
 
     session = await open_session(node.endpoint)
-    return session, BmcPowerControl(session, chassis_id=node.chassis)
+    return session, BmcPowerControl(session, chassis_id=node.chassis, control=node.control)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """``polca bmc``: read, cap and restore one node's power limit through its BMC (Redfish).
 
 - ``polca bmc probe URL``: discover the power control and print one reading,
-  ``{"power_w", "limit_w", "limit_min_w", "limit_max_w", "control"}``;
+  ``{"power_w", "limit_w", "limit_min_w", "limit_max_w", "control", "units", "controls"}``:
+  ``controls`` lists every power control seen on the chassis (``path``,
+  ``physical_context``, ``units``, ``chosen``, ``why``);
 - ``polca bmc cap URL --watts W``: write the limit, read it back, print
   ``{"limit_w", "verified"}``;
 - ``polca bmc restore URL``: lift the cap (the allowable maximum), read it back, print the
@@ -10,7 +12,8 @@
 Each prints one JSON object on stdout. URLs are ``https://host[:port]`` (TLS verified with
 the system's CAs or ``--ca-file``; ``--insecure`` turns verification off, for a lab) or
 ``http://`` (labs and tests). ``--username`` with ``--password-file`` (or the systemd
-credential ``redfish_password``) logs in. On failure: one line on stderr, never a
+credential ``redfish_password``) logs in. ``--control`` names the power control where a
+chassis has several that discovery cannot tell apart. On failure: one line on stderr, never a
 traceback, and an exit code saying what went wrong: ``EX_USAGE`` (2) a bad argument;
 ``EX_DATAERR`` (65) the BMC answered with something unusable; ``EX_UNAVAILABLE`` (69)
 unreachable, timed out or 5xx; ``EX_PROTOCOL`` (76) a cap or restore the BMC accepted but
@@ -69,6 +72,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--insecure", action="store_true", help="do not verify the BMC's certificate (lab only)"
     )
     p.add_argument("--timeout", type=float, default=5.0, help="bound on each request, seconds")
+    p.add_argument(
+        "--control",
+        default=None,
+        help="the power control to use (path or last segment) when a chassis has several",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -100,7 +108,9 @@ def main(args: argparse.Namespace) -> int:
         )
         return _fail(f"bad BMC address or option: {problems}", EX_CONFIG)
     try:
-        answer, verified = asyncio.run(_run(args.bmc_command, endpoint, watts))
+        answer, verified = asyncio.run(
+            _run(args.bmc_command, endpoint, watts, getattr(args, "control", None))
+        )
     except KeyboardInterrupt:
         return EX_INTERRUPTED
     except PolcaError as exc:
@@ -115,22 +125,37 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(command: str, endpoint: Any, watts: float | None) -> tuple[dict[str, Any], bool]:
+async def _run(
+    command: str, endpoint: Any, watts: float | None, named: str | None = None
+) -> tuple[dict[str, Any], bool]:
     """The JSON answer of ``command`` and whether it was verified (always, for probe)."""
-    from polca.bmc.redfish import BmcPowerControl  # noqa: PLC0415
+    from polca.bmc.redfish import UNITS_W, BmcPowerControl  # noqa: PLC0415
     from polca.redfish.client import connect  # noqa: PLC0415
 
     session = await connect(endpoint)
     try:
-        control = BmcPowerControl(session)
+        control = BmcPowerControl(session, control=named)
         if command == "probe":
             reading = await control.read()
+            shape = await control.discover()
+            units = next((u for u, w in UNITS_W.items() if w == shape.w_per_unit), "W")
             return {
                 "power_w": reading.power_w,
                 "limit_w": reading.limit_w,
                 "limit_min_w": reading.limit_min_w,
                 "limit_max_w": reading.limit_max_w,
                 "control": reading.control,
+                "units": units,
+                "controls": [
+                    {
+                        "path": seen.path,
+                        "physical_context": seen.physical_context,
+                        "units": seen.units,
+                        "chosen": seen.chosen,
+                        "why": seen.why,
+                    }
+                    for seen in shape.seen
+                ],
             }, True
         if command == "cap":
             assert watts is not None  # noqa: S101 - --watts is required by argparse

@@ -33,6 +33,13 @@ class BmcNode(BaseModel):
         description="The chassis id of this node, when the service serves several (an "
         "enclosure manager); default: found by discovery.",
     )
+    control: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_./:-]{1,256}$",
+        description="The power control that caps this node (its path, or its last segment), "
+        "when its chassis has several that discovery cannot tell apart (polca bmc probe "
+        "lists them); default: the one marked as the whole node's.",
+    )
     fail_safe_w: float = Field(gt=0, le=100_000, description="Node limit when its agent cannot.")
     brake_w: float | None = Field(
         None, gt=0, le=100_000, description="Node limit at the brake level (default fail_safe_w)."

@@ -8,8 +8,17 @@ chassis (at most ``MAX_CHASSIS``), looking for a power control in two shapes
 (platform-facts 12.2), the first preferred on each chassis:
 
 - ``controls``: the chassis's ``Controls`` collection, a member with
-  ``ControlType: "Power"`` (``SetPoint`` W, ``AllowableMin``, ``AllowableMax``, power from
-  ``Sensor.Reading`` or the sensor its ``DataSourceUri`` names);
+  ``ControlType: "Power"`` (``SetPoint`` in its ``SetPointUnits``, W, mW or kW, converted;
+  ``AllowableMin``, ``AllowableMax``, power from ``Sensor.Reading`` or the sensor its
+  ``DataSourceUri`` names). A chassis may list several (a CPU's, a GPU baseboard's, the
+  node's): the one that caps the node is the one whose ``PhysicalContext`` is the whole
+  node's (``Chassis``, ``SystemBoard``, ``PowerSubsystem``), else the one whose sensor is
+  the chassis's total power (``EnvironmentMetrics.PowerWatts``), else the only one without
+  a context. A component's control (``CPU``, ``GPU``, ``Memory``, any other context) never
+  is. Two candidates no rule tells apart are ``ConfigError`` naming them, unless the
+  configuration names the control (``control``); a ``SetPointUnits`` polca does not know is
+  ``ReadingRejectedError`` (``unsupported``), never read as watts. ``PowerControlShape.seen``
+  lists every power control seen on the chosen chassis and why each was or was not taken;
 - ``legacy``: ``Chassis/{id}/Power`` -> ``PowerControl[0]`` (``PowerLimit.LimitInWatts``,
   ``PowerConsumedWatts``, ``PowerCapacityWatts``; the allowable range from
   ``LimitInWatts@Redfish.AllowableNumbers`` when given, else 0 to ``PowerCapacityWatts``).
@@ -47,6 +56,7 @@ __all__ = [
     "BmcReading",
     "CapResult",
     "PowerControlShape",
+    "SeenControl",
     "discover",
 ]
 
@@ -62,6 +72,23 @@ _NODE_TYPES: Final = frozenset({"RackMount", "Enclosure", "StandAlone"})
 _MAX_ALLOWABLE: Final = 16
 
 
+NODE_CONTEXTS: Final = frozenset({"Chassis", "SystemBoard", "PowerSubsystem"})
+"""``PhysicalContext`` values of a control that caps the whole node."""
+UNITS_W: Final[Mapping[str, float]] = {"W": 1.0, "mW": 1e-3, "kW": 1e3}
+"""Watts per unit of each ``SetPointUnits`` polca converts (UCUM spellings)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeenControl:
+    """One power control discovery examined, and what it made of it."""
+
+    path: str
+    physical_context: str | None
+    units: str | None
+    chosen: bool
+    why: str
+
+
 @dataclass(frozen=True, slots=True)
 class PowerControlShape:
     """Where a BMC keeps its power limit: ``control`` is the resource path PATCHed."""
@@ -69,6 +96,10 @@ class PowerControlShape:
     chassis: str
     control: str
     kind: Literal["controls", "legacy"]
+    w_per_unit: float = 1.0
+    """Watts per unit of the control's ``SetPoint`` (``SetPointUnits``)."""
+    seen: tuple[SeenControl, ...] = ()
+    """Every power control seen on the chassis, the chosen one marked (``controls``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +152,17 @@ def _watts(value: object, *, what: str) -> float | None:
     return checked_number(value, what=what, low=0.0, high=MAX_NODE_POWER_W)
 
 
-async def discover(session: RedfishSession, *, chassis_id: str | None = None) -> PowerControlShape:
-    """The BMC's power control, by the chassis rule in the module's docstring.
+async def discover(
+    session: RedfishSession, *, chassis_id: str | None = None, control: str | None = None
+) -> PowerControlShape:
+    """The BMC's power control, by the chassis and control rules in the module's docstring.
 
     ``chassis_id`` names the chassis to use (an enclosure manager serving several nodes):
-    only the chassis whose path ends in it is considered. Raises ``ReadingRejectedError``
-    (``unsupported``) when no chassis has one, ``malformed`` when the service root or the
-    chassis collection is not what Redfish promises.
+    only the chassis whose path ends in it is considered. ``control`` names the control
+    (its path or its last segment) where a chassis has several no rule tells apart. Raises
+    ``ReadingRejectedError`` (``unsupported``) when no chassis has one, ``malformed`` when
+    the service root or the chassis collection is not what Redfish promises, and
+    ``ConfigError`` when a chassis has two candidates and ``control`` names neither.
     """
     root = await session.get("/redfish/v1")
     chassis_path = _link(root, "Chassis")
@@ -145,9 +180,13 @@ async def discover(session: RedfishSession, *, chassis_id: str | None = None) ->
         except ReadingRejectedError:
             continue  # a broken chassis: look at the others
         shape = None
-        with contextlib.suppress(ReadingRejectedError):  # broken Controls: try the legacy shape
-            shape = await _controls_shape(session, chassis, path, budget)
-        if shape is None:
+        try:
+            shape = await _controls_shape(session, chassis, path, budget, control)
+        except ReadingRejectedError as exc:
+            if exc.reason == "unsupported" and "SetPointUnits" in str(exc):
+                raise  # the node's control, in units polca does not know: never guessed
+            # broken Controls: try the legacy shape
+        if shape is None and control is None:  # a named control is one of Controls'
             with contextlib.suppress(ReadingRejectedError):
                 shape = await _legacy_shape(session, chassis, path)
         if shape is None:
@@ -158,26 +197,131 @@ async def discover(session: RedfishSession, *, chassis_id: str | None = None) ->
             fallback = shape
     if fallback is not None:
         return fallback
+    if control is not None:
+        msg = f"no power control {control!r} on any of {len(chassis_list)} chassis"
+        raise ConfigError(msg)
     msg = f"no power control on any of {len(chassis_list)} chassis"
     raise ReadingRejectedError(msg, reason="unsupported")
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    path: str
+    context: str | None
+    units: str | None
+    sensor: str | None
+
+
+def _text(value: object) -> str | None:
+    return value[:64] if isinstance(value, str) else None
+
+
 async def _controls_shape(
-    session: RedfishSession, chassis: Mapping[str, Any], path: str, budget: list[int]
+    session: RedfishSession,
+    chassis: Mapping[str, Any],
+    path: str,
+    budget: list[int],
+    named: str | None = None,
 ) -> PowerControlShape | None:
     controls_path = _link(chassis, "Controls")
     if controls_path is None or budget[0] <= 0:
         return None
     members = _members(await session.get(controls_path), what=controls_path, limit=budget[0])
+    found: list[_Candidate] = []
     for member in members:
         budget[0] -= 1
         try:
-            control = await session.get(member)
+            doc = await session.get(member)
         except ReadingRejectedError:
             continue
-        if control.get("ControlType") == "Power" and "SetPoint" in control:
-            return PowerControlShape(chassis=path, control=member, kind="controls")
-    return None
+        if doc.get("ControlType") == "Power" and "SetPoint" in doc:
+            sensor = doc.get("Sensor")
+            source = _text(sensor.get("DataSourceUri")) if isinstance(sensor, Mapping) else None
+            found.append(
+                _Candidate(
+                    member, _text(doc.get("PhysicalContext")), _text(doc.get("SetPointUnits")),
+                    source,
+                )
+            )  # fmt: skip
+    if not found:
+        return None
+    chosen, why, seen = await _choose(session, chassis, path, found, named)
+    if chosen is None:
+        return None
+    if chosen.units is not None and chosen.units not in UNITS_W:
+        msg = (
+            f"{chosen.path}: SetPointUnits {chosen.units!r} is not W, mW or kW; polca will "
+            "not guess the unit of the node's power limit"
+        )
+        raise ReadingRejectedError(msg, reason="unsupported")
+    return PowerControlShape(
+        chassis=path,
+        control=chosen.path,
+        kind="controls",
+        w_per_unit=UNITS_W[chosen.units or "W"],
+        seen=tuple(
+            SeenControl(c.path, c.context, c.units, c is chosen, why if c is chosen else note)
+            for c, note in seen
+        ),
+    )
+
+
+async def _choose(
+    session: RedfishSession,
+    chassis: Mapping[str, Any],
+    path: str,
+    found: list[_Candidate],
+    named: str | None,
+) -> tuple[_Candidate | None, str, list[tuple[_Candidate, str]]]:
+    """The control that caps the node among a chassis's power controls, why, and a note
+    on each of them (why it was not taken)."""
+    if named is not None:
+        match = [c for c in found if c.path == named or c.path.rstrip("/").endswith("/" + named)]
+        others = [(c, "" if c in match[:1] else "not the configured control") for c in found]
+        return (match[0], "the configured control", others) if match else (None, "", others)
+    components = [c for c in found if c.context is not None and c.context not in NODE_CONTEXTS]
+    node = [c for c in found if c.context in NODE_CONTEXTS]
+    unknown = [c for c in found if c.context is None]
+    notes = {
+        c.path: f"a component's control (PhysicalContext {c.context}), never the node's cap"
+        for c in components
+    }
+    pool, rule = (node, "its PhysicalContext is the whole node's") if node else (unknown, "")
+    if len(pool) > 1:
+        total = await _total_power_sensor(session, chassis)
+        by_sensor = [c for c in pool if total is not None and c.sensor == total]
+        if len(by_sensor) == 1:
+            pool, rule = by_sensor, f"its sensor is the chassis's total power ({total})"
+    if len(pool) > 1:
+        names = ", ".join(c.path for c in pool)
+        msg = (
+            f"{path}: {len(pool)} power controls could cap this node and none is marked as "
+            f"the whole node's ({names}); name one in the configuration (bmc.nodes.NODE."
+            "control, or polca bmc --control)"
+        )
+        raise ConfigError(msg)
+    if not pool:
+        return None, "", [(c, notes[c.path]) for c in found]
+    chosen = pool[0]
+    if not rule:
+        rule = "the chassis's only power control that is not a component's"
+    for c in found:
+        if c is not chosen and c.path not in notes:
+            notes[c.path] = "another control was marked as the whole node's"
+    return chosen, rule, [(c, notes.get(c.path, "")) for c in found]
+
+
+async def _total_power_sensor(session: RedfishSession, chassis: Mapping[str, Any]) -> str | None:
+    """The sensor of the chassis's total power (``EnvironmentMetrics.PowerWatts``)."""
+    metrics_path = _link(chassis, "EnvironmentMetrics")
+    if metrics_path is None:
+        return None
+    try:
+        metrics = await session.get(metrics_path)
+    except ReadingRejectedError:
+        return None
+    watts = metrics.get("PowerWatts")
+    return _text(watts.get("DataSourceUri")) if isinstance(watts, Mapping) else None
 
 
 async def _legacy_shape(
@@ -232,17 +376,22 @@ class BmcPowerControl:
         *,
         shape: PowerControlShape | None = None,
         chassis_id: str | None = None,
+        control: str | None = None,
     ) -> None:
         """Control the BMC behind ``session``; ``shape`` skips discovery when known;
-        ``chassis_id`` picks one chassis of a service that serves several."""
+        ``chassis_id`` picks one chassis of a service that serves several, ``control`` one
+        power control of a chassis that has several."""
         self._session = session
         self._shape = shape
         self._chassis_id = chassis_id
+        self._control = control
 
     async def discover(self) -> PowerControlShape:
         """The power control, discovered on the first call and kept."""
         if self._shape is None:
-            self._shape = await discover(self._session, chassis_id=self._chassis_id)
+            self._shape = await discover(
+                self._session, chassis_id=self._chassis_id, control=self._control
+            )
         return self._shape
 
     async def read(self) -> BmcReading:
@@ -250,12 +399,17 @@ class BmcPowerControl:
         shape = await self.discover()
         doc = await self._session.get(shape.control)
         if shape.kind == "controls":
-            return await self._read_control(doc, shape.control)
+            return await self._read_control(doc, shape.control, shape.w_per_unit)
         return self._read_legacy(doc, shape.control)
 
-    async def _read_control(self, doc: Mapping[str, Any], path: str) -> BmcReading:
+    async def _read_control(
+        self, doc: Mapping[str, Any], path: str, w_per_unit: float
+    ) -> BmcReading:
         if doc.get("ControlType") != "Power":
             msg = f"{path}: no longer a power control"
+            raise ReadingRejectedError(msg, reason="malformed")
+        if UNITS_W.get(_text(doc.get("SetPointUnits")) or "W") != w_per_unit:
+            msg = f"{path}: SetPointUnits changed since discovery"
             raise ReadingRejectedError(msg, reason="malformed")
         sensor = doc.get("Sensor")
         power: object = None
@@ -267,9 +421,9 @@ class BmcPowerControl:
                 power = (await self._session.get(source)).get("Reading")
         return _reading(
             power=_watts(power, what=f"{path} Sensor.Reading"),
-            limit=_watts(doc.get("SetPoint"), what=f"{path} SetPoint"),
-            low=_watts(doc.get("AllowableMin"), what=f"{path} AllowableMin"),
-            high=_watts(doc.get("AllowableMax"), what=f"{path} AllowableMax"),
+            limit=_scaled(doc.get("SetPoint"), w_per_unit, what=f"{path} SetPoint"),
+            low=_scaled(doc.get("AllowableMin"), w_per_unit, what=f"{path} AllowableMin"),
+            high=_scaled(doc.get("AllowableMax"), w_per_unit, what=f"{path} AllowableMax"),
             path=path,
         )
 
@@ -325,7 +479,10 @@ class BmcPowerControl:
     async def _write(self, watts: float | None) -> CapResult:
         shape = await self.discover()
         if shape.kind == "controls":
-            body: dict[str, Any] = {"SetPoint": watts}
+            # In the control's own unit (mW, kW); whole units where the unit is W or coarser.
+            body: dict[str, Any] = {
+                "SetPoint": None if watts is None else _in_units(watts, shape.w_per_unit)
+            }
         else:
             body = {"PowerControl": [{"PowerLimit": {"LimitInWatts": watts}}]}
         await self._session.patch(shape.control, body)
@@ -336,6 +493,20 @@ class BmcPowerControl:
         if watts is None or back is None:
             return CapResult(limit_w=back, verified=watts is None and back is None)
         return CapResult(limit_w=back, verified=abs(back - watts) <= VERIFY_TOLERANCE_W)
+
+
+def _scaled(value: object, w_per_unit: float, *, what: str) -> float | None:
+    """A control's value in its ``SetPointUnits``, as W (bounds checked in W)."""
+    if value is None:
+        return None
+    number = checked_number(value, what=what, low=0.0, high=MAX_NODE_POWER_W / w_per_unit)
+    return number * w_per_unit
+
+
+def _in_units(watts: float, w_per_unit: float) -> float:
+    """``watts`` in a control's unit: an integer count of mW, W as given, kW as given."""
+    value = watts / w_per_unit
+    return float(round(value)) if w_per_unit < 1.0 else value
 
 
 def _reading(

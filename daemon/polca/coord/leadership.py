@@ -27,13 +27,20 @@ the term and step at once, audit a new leader once). No I/O, no clock reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 Role = Literal["alone", "standby", "leader"]
 PeerVerdict = Literal["follow", "ignore", "deposed"]
 """What a peer's control message means for this instance (``Leadership.peer_control``)."""
 SAFETY_FRACTION = 0.8
 """The share of the lease ttl a leader trusts after a keepalive was sent."""
+
+
+MAX_PLAUSIBLE_TERM: Final = 2**40
+"""No real leadership term is above this: terms are etcd create-revisions, and the etcd
+cluster the aggregators elect on does not reach a trillion writes. A control stamped with
+a higher term is forged (an agent refuses it, ``agent.max_term``; an aggregator does not let
+it depose its leader)."""
 
 
 @dataclass(slots=True)

@@ -234,7 +234,13 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "node",
         "quarantined",
         "polca_node_quarantined",
-        "1 once the node's topics were moved to a connection of their own for flooding.",
+        "1 while the node's topics are on a connection of their own for flooding.",
+    ),
+    _f(
+        "node",
+        "quarantine_releases",
+        "polca_node_quarantine_releases_total",
+        "Times the node was moved back from the quarantine connection, its flood over.",
     ),
     _f(
         "node",
@@ -255,6 +261,19 @@ FAMILIES: Final[tuple[Family, ...]] = (
     _f("row", "threshold_3_w", "polca_row_threshold_3_watts", "Row power of level 3."),
     _f("row", "nodes_stale", "polca_row_nodes_stale", "Nodes with late telemetry."),
     _f("row", "nodes_offline", "polca_row_nodes_offline", "Nodes whose Last Will fired."),
+    _f(
+        "row",
+        "meter_trusted",
+        "polca_row_meter_trusted",
+        "1 while the row's meter is believed, 0 while its readings are refused or held "
+        "(absent for a row without a meter).",
+    ),
+    _f(
+        "row",
+        "meter_refusals",
+        "polca_row_meter_refusals_total",
+        "Meter readings refused (implausible, under-reading or frozen) since start.",
+    ),
     _f("control", "level", "polca_control_level", "Level of each control scope."),
     _f("control", "lease_s", "polca_control_lease_seconds", "Lease granted per message."),
     _f(

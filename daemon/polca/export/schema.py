@@ -194,6 +194,7 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
                 "gpu_errors",
                 "implausible_readings",
                 "rate_limited",
+                "quarantine_releases",
             ),
         },
     ),
@@ -225,7 +226,9 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
             "nodes_online",
             "nodes_stale",
             "nodes_offline",
-        ),
+            "meter_trusted",
+        )
+        | {"meter_refusals": int},
     ),
     "control": MeasurementSchema(
         tags=("site", "row", "scope"),
