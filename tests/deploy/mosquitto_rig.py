@@ -152,14 +152,16 @@ async def connected(
     port: int | None = None,
     tls_context: ssl.SSLContext | None = None,
     timeout_s: float = WAIT_S,
+    identifier: str | None = None,
 ) -> AsyncIterator[aiomqtt.Client]:
-    """An MQTT 3.1.1 client logged in as ``user``."""
+    """An MQTT 3.1.1 client logged in as ``user`` (client id ``identifier``, default
+    ``test-USER``)."""
     client = aiomqtt.Client(
         broker.host,
         port or broker.port,
         username=user,
         password=password,
-        identifier=f"test-{user}",
+        identifier=identifier or f"test-{user}",
         tls_context=tls_context,
         timeout=timeout_s,
     )

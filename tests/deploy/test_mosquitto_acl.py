@@ -140,7 +140,7 @@ async def test_tls_block_gives_mutual_tls_with_the_certificate_name_as_user(
     passwords = make_passwords(tmp_path, ["polca-aggregator"])
     tls_port = free_port()
     text = CONF.read_text(encoding="utf-8")
-    block = re.search(r"(?ms)^#listener 8883\n.*?^#use_identity_as_username true\n", text)
+    block = re.search(r"(?ms)^#listener 8883\n.*?^#use_username_as_clientid true\n", text)
     assert block is not None, "the TLS listener block is not in mosquitto.conf"
     enabled = re.sub(r"(?m)^#(?=[a-z_]+ )", "", block.group(0))
     enabled = enabled.replace("listener 8883", f"listener {tls_port} 127.0.0.1")
