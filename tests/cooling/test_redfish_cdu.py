@@ -21,7 +21,7 @@ from polca.redfish.api import RedfishEndpoint
 from polca.telemetry.bus import OutMessage
 from polca.telemetry.schema import CduTelemetry, decode
 from polca.telemetry.topics import Topics
-from tests.cooling.test_cli import ENTRY, listen, run_polca, settle
+from tests.cooling.test_cli import ENTRY, drain, listen, run_polca, settle
 from tests.mqtt_broker import MosquittoProcess
 from tests.services import free_port
 from tests.standins.fixtures import PASSWORD, USERNAME
@@ -285,12 +285,18 @@ async def test_redfish_command_publishes_and_a_leak_arrives(
     bus, task = await listen(mosquitto.port, Topics().cdu("s1", "cdu4"))
     try:
         command = asyncio.create_task(
-            run_polca("cdu", "redfish", "--config", str(config), "--duration", "3")
+            run_polca("cdu", "redfish", "--config", str(config), "--duration", "6")
         )
-        await asyncio.sleep(1.5)
+        # The leak is set once the poller has published (not after a fixed sleep: on a
+        # loaded machine the command may take longer than that to start).
+        before: list[CduTelemetry] = []
+        async with asyncio.timeout(20):
+            while len(before) < 3:
+                await asyncio.sleep(0.05)
+                before += drain(bus)
         await asyncio.to_thread(standin.set_state, "cdu1", leak="Critical")
         code, err = await command
-        messages = await settle(bus)
+        messages = before + await settle(bus)
     finally:
         await bus.close(timeout_s=1.0)
         await task
