@@ -6,13 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends python3-venv
-fi
 # shellcheck source=scripts/venv.sh
 . scripts/venv.sh
+need_python_venv
 ensure_venv requirements/demo.txt
 exec .venv/bin/polca demo "$@"

@@ -17,12 +17,9 @@ if [ -x "$venv/bin/snmpsim-command-responder" ] \
   && cmp -s requirements/snmpsim.txt "$venv/polca-lock.txt"; then
   exit 0
 fi
-if ! /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends python3-venv
-fi
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+need_python_venv /usr/bin/python3
 rm -rf "$venv"
 /usr/bin/python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --require-hashes -r requirements/snmpsim.txt

@@ -3,6 +3,18 @@
 # an earlier setup was cut short (a venv without pip, or one polca cannot be imported from)
 # instead of failing on it every time after.
 
+# need_python_venv [PYTHON]: PYTHON (default python3) can make venvs, installing Debian's
+# python3-venv (as root, or through sudo) when it cannot.
+need_python_venv() {
+  local python="${1:-python3}"
+  if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends python3-venv
+  fi
+}
+
 # _polca_install_locked VENV LOCK: every pin of LOCK (hash-checked: a release or file the
 # lock does not name is refused), then polca from this checkout, editable, resolving nothing
 # (its build backend is in the lock too, so no unlocked release enters through a build

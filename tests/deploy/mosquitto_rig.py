@@ -32,7 +32,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from tests.mqtt_broker import MOSQUITTO_PASSWD, MosquittoProcess
+from tests.mqtt_broker import MOSQUITTO_PASSWD, MosquittoProcess, TlsFiles
 
 ROOT = Path(__file__).resolve().parents[2]
 MOSQUITTO_DIR = ROOT / "deploy" / "mosquitto"
@@ -83,6 +83,23 @@ def deploy_config(
     # As root, Mosquitto would switch to the mosquitto user and lose our files.
     text = _rewrite(text, r"user mosquitto", f"user {pwd.getpwuid(os.getuid()).pw_name}")
     return text + extra
+
+
+def node_listener(tls: TlsFiles, port: int, *, bind_client_id: bool = True) -> str:
+    """The commented node listener of mosquitto.conf (``listener 8883`` through
+    ``use_username_as_clientid``), uncommented, on 127.0.0.1:``port`` with ``tls``'s files;
+    without the ``use_username_as_clientid`` line when ``bind_client_id`` is false."""
+    text = CONF.read_text(encoding="utf-8")
+    block = re.search(r"(?ms)^#listener 8883\n.*?^#use_username_as_clientid true\n", text)
+    assert block is not None, "the node listener block is not in mosquitto.conf"
+    enabled = re.sub(r"(?m)^#(?=[a-z_]+ )", "", block.group(0))
+    enabled = enabled.replace("listener 8883", f"listener {port} 127.0.0.1")
+    enabled = re.sub(r"(?m)^cafile .*$", f"cafile {tls.ca_cert}", enabled)
+    enabled = re.sub(r"(?m)^certfile .*$", f"certfile {tls.server_cert}", enabled)
+    enabled = re.sub(r"(?m)^keyfile .*$", f"keyfile {tls.server_key}", enabled)
+    if not bind_client_id:
+        enabled = enabled.replace("use_username_as_clientid true\n", "")
+    return enabled
 
 
 def run_script(argv: Sequence[str | Path], **env: str) -> subprocess.CompletedProcess[str]:

@@ -32,6 +32,7 @@ from tests.deploy.mosquitto_rig import (
     connected,
     expected,
     make_passwords,
+    node_listener,
     publish_all,
     received,
     run_script,
@@ -139,14 +140,7 @@ async def test_tls_block_gives_mutual_tls_with_the_certificate_name_as_user(
     tls = make_tls_files(tmp_path / "pki")
     passwords = make_passwords(tmp_path, ["polca-aggregator"])
     tls_port = free_port()
-    text = CONF.read_text(encoding="utf-8")
-    block = re.search(r"(?ms)^#listener 8883\n.*?^#use_username_as_clientid true\n", text)
-    assert block is not None, "the TLS listener block is not in mosquitto.conf"
-    enabled = re.sub(r"(?m)^#(?=[a-z_]+ )", "", block.group(0))
-    enabled = enabled.replace("listener 8883", f"listener {tls_port} 127.0.0.1")
-    enabled = re.sub(r"(?m)^cafile .*$", f"cafile {tls.ca_cert}", enabled)
-    enabled = re.sub(r"(?m)^certfile .*$", f"certfile {tls.server_cert}", enabled)
-    enabled = re.sub(r"(?m)^keyfile .*$", f"keyfile {tls.server_key}", enabled)
+    enabled = node_listener(tls, tls_port)
     broker = deployed_broker(acl=PATTERN_ACL, password_file=tmp_path / "passwd", extra=enabled)
 
     context = ssl.create_default_context(cafile=tls.ca_cert)

@@ -11,7 +11,6 @@ line is there for).
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +19,13 @@ import aiomqtt
 import pytest
 
 from tests.deploy.mosquitto_rig import (
-    CONF,
     MOSQUITTO_DIR,
     PATTERN_ACL,
     BrokerFactory,
     brokers,
     connected,
     make_passwords,
+    node_listener,
     run_script,
 )
 from tests.mqtt_broker import MosquittoProcess, TlsFiles, free_port, make_tls_files
@@ -49,21 +48,6 @@ def _issue(tls: TlsFiles, node: str, out: Path) -> tuple[Path, Path]:
     assert done.returncode == 0, done.stderr
     assert f"CN = {node}" in done.stdout
     return out / f"{node}.crt", out / f"{node}.key"
-
-
-def _node_listener(tls: TlsFiles, port: int, *, bind_client_id: bool) -> str:
-    """The commented node listener of mosquitto.conf, uncommented, on ``port``."""
-    text = CONF.read_text(encoding="utf-8")
-    block = re.search(r"(?ms)^#listener 8883\n.*?^#use_username_as_clientid true\n", text)
-    assert block is not None, "the node listener block is not in mosquitto.conf"
-    enabled = re.sub(r"(?m)^#(?=[a-z_]+ )", "", block.group(0))
-    enabled = enabled.replace("listener 8883", f"listener {port} 127.0.0.1")
-    enabled = re.sub(r"(?m)^cafile .*$", f"cafile {tls.ca_cert}", enabled)
-    enabled = re.sub(r"(?m)^certfile .*$", f"certfile {tls.server_cert}", enabled)
-    enabled = re.sub(r"(?m)^keyfile .*$", f"keyfile {tls.server_key}", enabled)
-    if not bind_client_id:
-        enabled = enabled.replace("use_username_as_clientid true\n", "")
-    return enabled
 
 
 def _context(tls: TlsFiles, cert: tuple[Path, Path]) -> ssl.SSLContext:
@@ -120,11 +104,10 @@ async def _takeover(
     return alive, forged
 
 
-async def test_a_nodes_certificate_cannot_take_over_or_speak_for_another_node(
-    tmp_path: Path, deployed_broker: BrokerFactory
-) -> None:
-    """node1's certificate, connecting with node2's client id: node2 stays connected (the
-    broker gives node1 its own id), and node1's writes to node2's topics go nowhere."""
+async def _takeover_on(
+    tmp_path: Path, deployed_broker: BrokerFactory, *, bind_client_id: bool
+) -> tuple[bool, bool]:
+    """``_takeover`` on the shipped broker with its node listener, bound or not."""
     tls = make_tls_files(tmp_path / "pki")
     certs = {n: _issue(tls, n, tmp_path / "certs") for n in ("node1", "node2")}
     password = make_passwords(tmp_path, ["polca-aggregator"])["polca-aggregator"]
@@ -132,9 +115,17 @@ async def test_a_nodes_certificate_cannot_take_over_or_speak_for_another_node(
     broker = deployed_broker(
         acl=PATTERN_ACL,
         password_file=tmp_path / "passwd",
-        extra=_node_listener(tls, port, bind_client_id=True),
+        extra=node_listener(tls, port, bind_client_id=bind_client_id),
     )
-    alive, forged = await _takeover(broker, port, tls, certs, password)
+    return await _takeover(broker, port, tls, certs, password)
+
+
+async def test_a_nodes_certificate_cannot_take_over_or_speak_for_another_node(
+    tmp_path: Path, deployed_broker: BrokerFactory
+) -> None:
+    """node1's certificate, connecting with node2's client id: node2 stays connected (the
+    broker gives node1 its own id), and node1's writes to node2's topics go nowhere."""
+    alive, forged = await _takeover_on(tmp_path, deployed_broker, bind_client_id=True)
     assert alive, "node1's certificate took over node2's session"
     assert not forged
 
@@ -144,16 +135,7 @@ async def test_without_the_client_id_binding_one_node_evicts_another(
 ) -> None:
     """The same listener without use_username_as_clientid: node1's certificate with node2's
     client id disconnects node2 (the takeover the shipped line prevents)."""
-    tls = make_tls_files(tmp_path / "pki")
-    certs = {n: _issue(tls, n, tmp_path / "certs") for n in ("node1", "node2")}
-    password = make_passwords(tmp_path, ["polca-aggregator"])["polca-aggregator"]
-    port = free_port()
-    broker = deployed_broker(
-        acl=PATTERN_ACL,
-        password_file=tmp_path / "passwd",
-        extra=_node_listener(tls, port, bind_client_id=False),
-    )
-    alive, forged = await _takeover(broker, port, tls, certs, password)
+    alive, forged = await _takeover_on(tmp_path, deployed_broker, bind_client_id=False)
     assert not alive
     assert not forged  # the ACL still holds: node1 writes as node1
 
@@ -169,7 +151,7 @@ async def test_a_node_reads_only_its_own_assignment(
     broker = deployed_broker(
         acl=PATTERN_ACL,
         password_file=tmp_path / "passwd",
-        extra=_node_listener(tls, port, bind_client_id=True),
+        extra=node_listener(tls, port),
     )
     async with (
         connected(broker, "polca-scheduler", passwords["polca-scheduler"]) as scheduler,
