@@ -1,15 +1,18 @@
 """Read the locks in requirements/: what changed between two, and a lock's entries by name.
 
-    python3 scripts/locks.py diff OLD NEW [--label NAME]
+    python3 scripts/locks.py diff OLD NEW [--label NAME] [--here]
     python3 scripts/locks.py pick LOCK NAME [NAME ...]
 
 ``diff`` reads each file's ``name==version`` lines (two locks, or a lock and ``pip freeze``;
 hashes, comments and markers are left aside; names compared in their normalised form) and
 prints one line per change: ``name old -> new``, ``+ name version`` for an added package,
 ``- name version`` for a removed one, or ``no change``; it exits 0 either way (scripts/lock.sh,
-scripts/newest.sh). ``pick`` prints the named packages' entries with their hashes, a lock of
-its own for ``pip install --require-hashes`` (scripts/floors.sh); exit 1 naming any missing.
-Standard library only: it runs under any python3 before a venv exists.
+scripts/newest.sh). With ``--here`` the locks' environment markers are evaluated for the
+running interpreter (``packaging`` needed), so a universal lock's entries for other Pythons
+or platforms do not count as changes. ``pick`` prints the named packages' entries with their
+hashes, a lock of its own for ``pip install --require-hashes`` (scripts/floors.sh); exit 1
+naming any missing.
+Standard library only (but ``--here``): it runs under any python3 before a venv exists.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 from pathlib import Path
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
+_MARKER = re.compile(r";\s*(.*?)\s*\\?\s*$")
 
 
 def normalise(name: str) -> str:
@@ -27,13 +31,22 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pins(text: str) -> dict[str, str]:
-    """``name -> version`` of every pin in a lock or freeze output. A name a universal lock
-    pins twice (one release per environment marker) maps to its releases joined by ``|``."""
+def _applies_here(line: str) -> bool:
+    """Whether the entry's environment marker (if any) holds for this interpreter."""
+    from packaging.markers import Marker  # noqa: PLC0415 - only for --here
+
+    marker = _MARKER.search(line)
+    return marker is None or Marker(marker.group(1)).evaluate()
+
+
+def pins(text: str, *, here: bool = False) -> dict[str, str]:
+    """``name -> version`` of every pin in a lock or freeze output (with ``here``, only the
+    entries whose marker holds for this interpreter). A name a universal lock pins twice
+    (one release per environment marker) maps to its releases joined by ``|``."""
     found: dict[str, set[str]] = {}
     for line in text.splitlines():
         match = _PIN.match(line.strip())
-        if match:
+        if match and (not here or _applies_here(line)):
             found.setdefault(normalise(match.group(1)), set()).add(match.group(2))
     return {name: "|".join(sorted(versions)) for name, versions in found.items()}
 
@@ -80,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     diff.add_argument("old", type=Path)
     diff.add_argument("new", type=Path)
     diff.add_argument("--label", default=None, help="name printed before each line")
+    diff.add_argument(
+        "--here", action="store_true", help="only the entries whose markers hold here"
+    )
     pick = verbs.add_parser("pick", help="the entries of the named packages")
     pick.add_argument("lock", type=Path)
     pick.add_argument("names", nargs="+")
@@ -95,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         sys.stdout.write(text)
         return 0
-    old = pins(args.old.read_text(encoding="utf-8")) if args.old.exists() else {}
-    new = pins(args.new.read_text(encoding="utf-8"))
+    old = pins(args.old.read_text(encoding="utf-8"), here=args.here) if args.old.exists() else {}
+    new = pins(args.new.read_text(encoding="utf-8"), here=args.here)
     lines = changes(old, new)
     label = f"{args.label}: " if args.label else ""
     if not lines:

@@ -23,5 +23,6 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip check
 "$venv/bin/python" -m pip freeze --all --exclude-editable >"$venv/newest-pins.txt"
 echo "polca: the newest releases against requirements/test.txt:"
-python3 scripts/locks.py diff --label newest requirements/test.txt "$venv/newest-pins.txt"
+"$venv/bin/python" scripts/locks.py diff --here --label newest \
+  requirements/test.txt "$venv/newest-pins.txt"
 POLCA_TEST_VENV="$venv" exec ./scripts/test.sh "$@"

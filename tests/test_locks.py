@@ -214,3 +214,22 @@ def test_locks_pick_gives_a_lock_of_the_named_entries() -> None:
     missing = _locks_py("pick", str(LOCKS / "test.txt"), "pip", "no-such-package")
     assert missing.returncode == 1
     assert "no entry for no-such-package" in missing.stderr
+
+
+def test_locks_diff_here_leaves_out_entries_for_other_environments(tmp_path: Path) -> None:
+    """--here evaluates each entry's marker for this interpreter: a universal lock's entries
+    for Windows or another Python are not changes against this machine's freeze."""
+    lock = tmp_path / "lock.txt"
+    lock.write_text(
+        "colorama==0.4.6 ; sys_platform == 'win32' \\\n    --hash=sha256:" + "a" * 64 + "\n"
+        "numpy==2.4.6 ; python_full_version < '3.99'\n"
+        "numpy==9.9.9 ; python_full_version >= '3.99'\n",
+        encoding="utf-8",
+    )
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("numpy==2.4.6\n", encoding="utf-8")
+    plain = _locks_py("diff", str(lock), str(freeze))
+    assert "- colorama 0.4.6" in plain.stdout
+    here = _locks_py("diff", "--here", str(lock), str(freeze))
+    assert here.returncode == 0, here.stderr
+    assert here.stdout.strip() == "no change"
