@@ -34,11 +34,13 @@ GPUS = 8
 GPU_MAX_W = 700.0
 
 
-def _row(*, nodes: int = 3, meter_max_w: float | None = None) -> RowSpec:
+def _row(
+    *, nodes: int = 3, meter_max_w: float | None = None, budget_w: float | None = None
+) -> RowSpec:
     """A metered row of H100 nodes with 1,200 W of CPUs, fans and NICs each."""
     return RowSpec(
         name="row1",
-        budget_w=12_000 * nodes,
+        budget_w=budget_w or 12_000 * nodes,
         meter_topic="polca/v1/dc1/row1/meter",
         meter_max_age_s=5.0,
         meter_max_w=meter_max_w,
@@ -301,3 +303,51 @@ def test_a_step_publishes_writes_and_summarises_the_meters_standing(tmp_path: Pa
     (row_point,) = [p for p in written if p.measurement == "row"]
     assert row_point.fields["meter_trusted"] == 0.0
     assert row_point.fields["meter_refusals"] == 2
+
+
+_METER = st.one_of(
+    st.none(),  # no reading this step
+    st.tuples(st.just("W"), st.floats(min_value=0, max_value=1e12)),  # any figure
+    st.tuples(st.just("x GPU"), st.floats(min_value=0, max_value=1.5)),  # near the nodes'
+    st.tuples(st.just("x GPU"), st.floats(min_value=0.85, max_value=1.1)),  # GPUs' alone
+)
+_GPU_W = st.one_of(st.floats(min_value=0, max_value=5_600), st.floats(4_000, 5_600))
+"""Each node's GPU power: anywhere, and often where the nodes' floor crosses a threshold."""
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(_GPU_W, _METER), min_size=1, max_size=20))
+def test_no_meter_sequence_leaves_the_row_below_the_level_its_nodes_call_for(
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[tuple[float, tuple[str, float] | None]],
+) -> None:
+    """The whole control step, fuzzed: whatever the meter reads, the level decided is at
+    least the one the nodes' own whole-node power less the tolerance calls for (an 18 kW
+    budget: the nodes' floor crosses T1 from 4.1 kW a node's GPUs, the brake from 5.3 kW)."""
+    settings_ = AggregatorSettings(
+        site="dc1",
+        instance="agg",
+        policy_file=POLICY,
+        state_dir=tmp_path_factory.mktemp("agg"),
+        rows=[_row(budget_w=18_000.0).model_dump()],
+        control={"warmup_s": 0.0, "stale_after_s": 5.0, "lease_s": 10.0},
+    )
+    store = PolicyStore(POLICY)
+    store.reload()
+    core = AggregatorCore(settings_, policy_store=store, epoch_ns=1, log=structlog.get_logger())
+    core.rows.start(0.0)
+    tracker = core.rows.trackers["row1"]
+    for i, (gpu_w, meter) in enumerate(steps):
+        now_s = 1.0 + i
+        _report(tracker, gpu_w, now_s)
+        meter_w = None
+        if meter is not None:
+            unit, value = meter
+            meter_w = value if unit == "W" else value * 3 * gpu_w  # x the nodes' GPU power
+            tracker.ingest_meter(Meter(ts_ns=i + 1, power_w=meter_w), now_s)
+        stepped = core.step(now_s, now_ns=i + 1, now_mono_ns=int(now_s * 1e9))
+        assert stepped is not None
+        decision = stepped.result.rows[0].decision
+        floor_w = 0.9 * 3 * (gpu_w + NON_GPU_W)
+        called_for = sum(1 for threshold_w in decision.thresholds_w if floor_w >= threshold_w)
+        assert decision.level >= called_for, (gpu_w, meter_w, decision.thresholds_w)
