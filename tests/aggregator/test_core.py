@@ -154,8 +154,9 @@ def test_a_leader_is_deposed_by_a_peers_live_control_at_a_higher_term(tmp_path: 
 
 
 def test_a_forged_term_neither_deposes_a_leader_nor_leads_a_standby(tmp_path: Path) -> None:
-    """A peer's control at a term no etcd reaches (above 2**40) is dropped as term_jump: the
-    leader keeps leading, a standby's ladder ignores it."""
+    """A control at a term no etcd reaches (above 2**40) is dropped as term_jump: the leader
+    keeps leading, a standby's ladder ignores it, and one retained under the instance's own
+    name does not seed its ladder after a restart."""
     core = _core(tmp_path, ha=True)
     core.leadership.elected(term=5, instance="agg", sent_mono_ns=0, ttl_s=2.0)
     forged = _receive(core, "control", _control(0, term=2**63 - 1))
@@ -167,6 +168,11 @@ def test_a_forged_term_neither_deposes_a_leader_nor_leads_a_standby(tmp_path: Pa
     _receive(standby, "control", _control(2, term=7))
     _receive(standby, "control", _control(0, term=2**40 + 1))
     assert standby.rows.controllers[("row1", None)].ladder.level == 2
+    # Retained under this instance's own name, it does not seed a restarted ladder.
+    alone = _core(tmp_path / "c")
+    _receive(alone, "control", _control(3, term=2**63 - 1, issuer="agg"), retain=True)
+    assert alone.rows.controllers[("row1", None)].ladder.level == 0
+    assert alone.intake.drops.counts["term_jump"] == 1
 
 
 def test_a_standby_follows_its_leaders_level_not_an_older_terms(tmp_path: Path) -> None:

@@ -766,3 +766,51 @@ async def test_a_meter_reading_a_quarter_low_is_not_believed_nor_a_wild_one(
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         row.check_daemons()
+
+
+async def test_a_forged_term_arriving_first_does_not_lock_the_real_controller_out(
+    tmp_path: Path, a100_node: FakeNvml
+) -> None:
+    """With the aggregator stopped, a brake at term 2**63 - 1 (it needs the control topic's
+    write permission) is left retained on the row's control topic; node1's agent restarts
+    and sees it before anything else. It is refused (control_term_jump), never braked on,
+    and the real aggregator, back, is followed at once: its first control is accepted."""
+    async with _row(tmp_path, a100_node) as row:
+        assert row.aggregator.stop() == 0
+        now = time.time_ns()
+        forged = Control(
+            ts_ns=now,
+            scope="row",
+            row=ROW,
+            issuer="agg1",
+            term=2**63 - 1,
+            epoch_ns=now,
+            seq=1,
+            level=3,
+            issued_ns=now,
+            lease_expires_ns=now + 300 * 1_000_000_000,
+        )
+        async with row.client("polca-aggregator") as aggregator:
+            await aggregator.publish(CONTROL_TOPIC, encode(forged), qos=1, retain=True)
+        refused = len(row.rejected("control_term_jump"))
+        accepted = len(row.logs(row.agent, "control_accepted"))
+        row.agent.kill()
+        row.agent.start()
+        await wait_until(
+            lambda: len(row.rejected("control_term_jump")) > refused,
+            timeout_s=30,
+            what="the forged first control refused",
+        )
+        row.aggregator.start()
+        await wait_until(
+            lambda: len(row.logs(row.agent, "control_accepted")) > accepted,
+            timeout_s=30,
+            what="the real controller's control accepted",
+        )
+        followed = row.logs(row.agent, "control_accepted")[accepted:]
+        assert {e["issuer"] for e in followed} == {"agg1"}
+        assert all(e["control_level"] < 3 for e in followed)
+        assert not row.rejected("control_fenced")
+        assert 288 not in row.locks()
+        brakes = [e for e in row.logs(row.agent, "cap_applied") if e["sm_clock_max_mhz"] == 288]
+        assert not brakes

@@ -466,12 +466,14 @@ class Intake:
         row, rack = self._controls[message.topic]
         check_identity("row", payload=control.row, topic=row)
         check_identity("rack", payload=control.rack, topic=rack)
+        if control.term > MAX_PLAUSIBLE_TERM:
+            # Forged: it may neither depose our leader nor, retained under our own name,
+            # seed a restarted ladder (a brake left on the topic would be taken up).
+            self.drops.drop(
+                "term_jump", topic=message.topic, detail=f"term {control.term} is forged"
+            )
+            return None
         if control.issuer in self.peers:
-            if control.term > MAX_PLAUSIBLE_TERM:  # forged: it may not depose our leader
-                self.drops.drop(
-                    "term_jump", topic=message.topic, detail=f"term {control.term} is forged"
-                )
-                return None
             return PeerControl(control, message.retain)
         if control.issuer != self.issuer:
             self.drops.drop(
