@@ -48,6 +48,29 @@ def test_a_row_names_its_offline_stale_and_implausible_nodes() -> None:
     assert "20000.0 kW" in text  # a budget beyond one node's wire bound is carried
     rows = as_json(snapshot, now_ns=2)["rows"]
     assert rows[0]["implausible_nodes"] == ["n4"]
+    assert "power:" not in text  # no note: the row runs on its meter, or has none
+
+
+def test_a_row_says_why_it_does_not_run_on_its_meter() -> None:
+    """The summary's power_note, on a line of its own under the row."""
+    note = "meter reading 4400 W below the nodes' own power (floor 5220 W)"
+    summary = RowSummary(
+        ts_ns=1,
+        row="row1",
+        issuer="agg1",
+        power_w=5_800.0,
+        power_source="computed",
+        power_note=note,
+        budget_w=6_400.0,
+        effective_budget_w=6_400.0,
+        level=2,
+        racks=(),
+    )
+    snapshot = Snapshot()
+    snapshot.add(Topics(), InMessage("polca/v1/dc1/row1/summary", encode(summary), True, 0))
+    out = io.StringIO()
+    render(snapshot, now_ns=2, out=out)
+    assert f"  power: {note}\n" in out.getvalue()
 
 
 def _status(

@@ -101,37 +101,7 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
             f"{'SOURCE':<9}{'OFFLINE/STALE'}\n"
         )
     for site, row in rows:
-        summary = snapshot.summaries.get((site, row))
-        control = snapshot.controls.get((site, row, None))
-        lease = "-"
-        if control is not None:
-            left_s = (control.lease_expires_ns - now_ns) / 1e9
-            lease = f"{left_s:.1f}s" if left_s > 0 else "EXPIRED"
-        level = control.level_name or str(control.level) if control else "-"
-        if control is not None and control.observe:
-            level += " (obs)"
-        if summary is None:
-            out.write(f"{site + '/' + row:<16}{'-':>11}{'-':>11}{'-':>7}  {level:<10}{lease:>8}\n")
-            continue
-        pct = 100 * summary.power_w / summary.effective_budget_w
-        gaps = (
-            [f"{n} (offline)" for n in summary.offline_nodes]
-            + [f"{n} (stale)" for n in summary.stale_nodes]
-            + [f"{n} (implausible)" for n in summary.implausible_nodes]
-        )
-        out.write(
-            f"{site + '/' + row:<16}{_kw(summary.power_w):>11}{_kw(summary.effective_budget_w):>11}"
-            f"{pct:6.1f}%  {level:<10}{lease:>8}  {summary.power_source:<9}"
-            f"{', '.join(gaps) or '-'}\n"
-        )
-        for rack in summary.racks:
-            rack_control = snapshot.controls.get((site, row, rack.rack))
-            rack_level = f" level {rack_control.level_name}" if rack_control else ""
-            out.write(
-                f"  rack {rack.rack:<10}{_kw(rack.power_w):>11}{_kw(rack.budget_w):>11}"
-                f"  nodes {rack.nodes_online} up, {rack.nodes_stale} stale, "
-                f"{rack.nodes_offline} offline{rack_level}\n"
-            )
+        _render_row(snapshot, site, row, now_ns=now_ns, out=out)
     if snapshot.statuses:
         out.write(
             f"\n{'NODE':<32}{'STATUS':<9}{'LEVEL':>6}  {'MODE':<10}{'GPUS':>5}  "
@@ -165,6 +135,44 @@ def render(snapshot: Snapshot, *, now_ns: int, out: TextIO) -> None:
         )
     if snapshot.rejected:
         out.write(f"\n({snapshot.rejected} retained message(s) could not be read)\n")
+
+
+def _render_row(snapshot: Snapshot, site: str, row: str, *, now_ns: int, out: TextIO) -> None:
+    """One row of the table: its power, budget, level and lease, what it cannot take at its
+    word, why it does not run on its meter alone, and its racks."""
+    summary = snapshot.summaries.get((site, row))
+    control = snapshot.controls.get((site, row, None))
+    lease = "-"
+    if control is not None:
+        left_s = (control.lease_expires_ns - now_ns) / 1e9
+        lease = f"{left_s:.1f}s" if left_s > 0 else "EXPIRED"
+    level = control.level_name or str(control.level) if control else "-"
+    if control is not None and control.observe:
+        level += " (obs)"
+    if summary is None:
+        out.write(f"{site + '/' + row:<16}{'-':>11}{'-':>11}{'-':>7}  {level:<10}{lease:>8}\n")
+        return
+    pct = 100 * summary.power_w / summary.effective_budget_w
+    gaps = (
+        [f"{n} (offline)" for n in summary.offline_nodes]
+        + [f"{n} (stale)" for n in summary.stale_nodes]
+        + [f"{n} (implausible)" for n in summary.implausible_nodes]
+    )
+    out.write(
+        f"{site + '/' + row:<16}{_kw(summary.power_w):>11}{_kw(summary.effective_budget_w):>11}"
+        f"{pct:6.1f}%  {level:<10}{lease:>8}  {summary.power_source:<9}"
+        f"{', '.join(gaps) or '-'}\n"
+    )
+    if summary.power_note:  # why the row does not run on its meter alone
+        out.write(f"  power: {' '.join(summary.power_note.split())[:200]}\n")
+    for rack in summary.racks:
+        rack_control = snapshot.controls.get((site, row, rack.rack))
+        rack_level = f" level {rack_control.level_name}" if rack_control else ""
+        out.write(
+            f"  rack {rack.rack:<10}{_kw(rack.power_w):>11}{_kw(rack.budget_w):>11}"
+            f"  nodes {rack.nodes_online} up, {rack.nodes_stale} stale, "
+            f"{rack.nodes_offline} offline{rack_level}\n"
+        )
 
 
 def as_json(snapshot: Snapshot, *, now_ns: int) -> dict[str, Any]:
