@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import structlog
@@ -54,9 +56,60 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     assert not leaked, f"test leaked asyncio tasks: {[t.get_name() for t in leaked]}"
 
 
+SERVER_FIXTURES = frozenset(
+    {
+        "mosquitto",
+        "mosquitto_factory",
+        "etcd",
+        "influxdb1",
+        "victoria_metrics",
+        "grafana_influxdb",
+        "modbus_server",
+        "snmpsim",
+        "snmpsim_own",
+        "redfish_standin",
+        "bmc_standin",
+        "standin_factory",
+        "nats_cluster",
+        "nats_cluster_factory",
+        "broker",
+        "agent_factory",
+    }
+)
+"""Fixtures that start a real server or a stand-in process: a test using one is
+``integration``."""
+INTEGRATION_DIRS = ("integration", "deploy")
+"""Folders of tests/ whose every test runs real processes (end to end, the deploy files)."""
+_STARTS_PROCESSES = re.compile(
+    r"\bsubprocess\b|create_subprocess|\bPopen\b|ServiceProcess|\bstarted\(|run_polca"
+)
+"""A test module that starts processes of its own (a polca command, a stand-in, a tool)."""
+_module_starts: dict[Path, bool] = {}
+
+
+def _integration(item: pytest.Item) -> bool:
+    """Whether ``item`` starts real servers or processes (the ``integration`` marker)."""
+    path = Path(str(item.path))
+    parts = (
+        path.relative_to(Path(__file__).parent).parts
+        if path.is_relative_to(Path(__file__).parent)
+        else ()
+    )
+    if parts and parts[0] in INTEGRATION_DIRS:
+        return True
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    if path not in _module_starts:
+        _module_starts[path] = bool(_STARTS_PROCESSES.search(path.read_text(encoding="utf-8")))
+    return _module_starts[path]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Apply the task-leak check to every coroutine test."""
+    """Apply the task-leak check to every coroutine test; mark the tests that start real
+    servers or processes ``integration`` (``-m "not integration"``: the unit tests alone)."""
     for item in items:
         function = getattr(item, "function", None)
         if function is not None and inspect.iscoroutinefunction(function):
             item.add_marker(pytest.mark.usefixtures("_no_leaked_tasks"))
+        if _integration(item):
+            item.add_marker(pytest.mark.integration)
