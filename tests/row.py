@@ -176,6 +176,9 @@ class Row:
                 {
                     "name": ROW,
                     "budget_w": self.budget_w,
+                    # The row's meter is a figure of the test's (meter_pct of the budget),
+                    # not a device: it may read up to twice the budget ...
+                    "meter_max_w": 2 * self.budget_w,
                     "racks": [
                         {
                             "name": rack,
@@ -193,6 +196,8 @@ class Row:
                 "lease_s": 3.0,
                 "stale_after_s": 2.0,
                 "warmup_s": 1.0,
+                # ... and it repeats one figure while the agents cap: not a hung PDU card.
+                "meter_frozen_readings": 100_000,
                 **self.control_overrides,
             },
             cooling={"loops": loops},

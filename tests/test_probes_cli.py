@@ -102,7 +102,9 @@ def test_bmc_probe_cap_and_restore(devices: RedfishStandIn, password_file: Path)
     probe = polca("bmc", "probe", devices.url, *auth)
     assert probe.returncode == 0, probe.stderr
     reading = json.loads(probe.stdout)
-    assert set(reading) == {"power_w", "limit_w", "limit_min_w", "limit_max_w", "control"}
+    assert set(reading) == {
+        "power_w", "limit_w", "limit_min_w", "limit_max_w", "control", "units", "controls",
+    }  # fmt: skip
     assert reading["control"].endswith("/Controls/NodePower")
     cap = polca("bmc", "cap", devices.url, "--watts", "700", *auth)
     assert cap.returncode == 0, cap.stderr

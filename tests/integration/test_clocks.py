@@ -88,10 +88,20 @@ async def _row(
                 {
                     "name": ROW,
                     "budget_w": BUDGET_W,
+                    # The probe's meter is a figure of the test's, not a device: the row may
+                    # read up to twice its budget (beyond what its two GPUs can draw) ...
+                    "meter_max_w": 2 * BUDGET_W,
                     "racks": [{"name": RACK, "nodes": [{"name": NODE}]}],
                 }
             ],
-            control={"interval_s": 0.2, "lease_s": 2.0, "warmup_s": 0.0, "stale_after_s": 5},
+            control={
+                "interval_s": 0.2,
+                "lease_s": 2.0,
+                "warmup_s": 0.0,
+                "stale_after_s": 5,
+                # ... and it repeats one figure while the agent caps: not a hung PDU card.
+                "meter_frozen_readings": 100_000,
+            },
         ),
         clock_ns=aggregator_clock,
     )
