@@ -99,6 +99,27 @@ async def test_a_read_maps_pods_and_a_failed_read_keeps_the_map_for_the_grace() 
     assert (source.refreshes, source.failures) == (2, 2)
 
 
+async def test_one_outage_keeps_its_first_reason_whatever_the_later_errors_say() -> None:
+    """The kubelet killed mid-stream fails with one message, then with another while it is
+    down: one outage, one reason (so one status change and one warning), until a read
+    succeeds; the next outage names its own first error."""
+    kubelet, api, clock = Kubelet(), Api(), Clock()
+    source = KubernetesSource(SETTINGS, devices=kubelet, pods=api, clock=clock)
+    await source.refresh_once(gpus=GPUS, classes=CLASSES)
+    kubelet.fail = TransportError("UNAVAILABLE: Stream removed")
+    first = await source.refresh_once(gpus=GPUS, classes=CLASSES)
+    kubelet.fail = TransportError("UNAVAILABLE: failed to connect to all addresses")
+    clock.now_s = 102.0
+    second = await source.refresh_once(gpus=GPUS, classes=CLASSES)
+    assert second.reason == first.reason
+    assert "Stream removed" in second.reason
+    kubelet.fail = None
+    assert (await source.refresh_once(gpus=GPUS, classes=CLASSES)).healthy
+    kubelet.fail = TransportError("UNAVAILABLE: failed to connect to all addresses")
+    again = await source.refresh_once(gpus=GPUS, classes=CLASSES)
+    assert "failed to connect" in again.reason
+
+
 async def test_an_api_outage_keeps_the_last_pods_then_falls_back() -> None:
     kubelet, api, clock = Kubelet(), Api(), Clock()
     source = KubernetesSource(SETTINGS, devices=kubelet, pods=api, clock=clock)

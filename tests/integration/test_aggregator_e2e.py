@@ -384,11 +384,20 @@ async def test_status_command_and_history_in_victoria_metrics(
     )
     async with mqtt_probe(mosquitto) as probe:
         await cluster.start_at_t1(probe, meter_steps=15)
-        result = await polca_status(mosquitto)
+        # The meter keeps reading 85% while polca status runs: with this policy's 1 s dwell,
+        # a meter gone stale would release T1 before a slow start of the command read it.
+        feeder = asyncio.create_task(
+            _meter_for(probe, cluster.aggregator.meter_topic, 85.0, steps=10_000)
+        )
+        try:
+            result = await polca_status(mosquitto)
+        finally:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"{SITE}/{ROW}" in out
-    assert "T1" in out
+    assert "T1" in out, out
     assert "rack rack1" in out
     assert "rack rack2" in out
     assert f"{SITE}/{ROW}/rack1/node1" in out

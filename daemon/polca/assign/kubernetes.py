@@ -164,7 +164,11 @@ class KubernetesSource:
             self._last = await self._devices.list_devices()
         except (TransportError, ReadingRejectedError) as exc:
             self.failures += 1
-            self._problem = f"pod-resources: {exc}"
+            # The outage's first error names it until a read succeeds: the kubelet killed
+            # mid-stream fails first with one message, then with another while it is down,
+            # and a status (and warning) per message text would report one outage twice.
+            if self._problem is None:
+                self._problem = f"pod-resources: {exc}"
         else:
             self.refreshes += 1
             self._problem = None
