@@ -163,14 +163,15 @@ async def test_pods_scheduled_and_deleted_are_seen_at_the_next_call(
 
 
 async def test_a_missing_socket_is_a_transport_error_at_once(socket_dir: Path) -> None:
-    """No kubelet (or its directory not mounted): TransportError well before the deadline."""
-    async with PodResourcesClient(socket_dir / "kubelet.sock", timeout_s=2.0) as client:
+    """No kubelet (or its directory not mounted): TransportError well before the deadline
+    (20 s here, so that a loaded machine cannot be mistaken for waiting on it)."""
+    async with PodResourcesClient(socket_dir / "kubelet.sock", timeout_s=20.0) as client:
         start = time.monotonic()
         with pytest.raises(TransportError, match="does not exist"):
             await client.list_devices()
         with pytest.raises(TransportError):
             await client.allocatable()
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < 10.0
 
 
 async def test_a_killed_kubelet_is_a_transport_error_until_it_is_back(
@@ -179,14 +180,14 @@ async def test_a_killed_kubelet_is_a_transport_error_until_it_is_back(
     """SIGKILL leaves the socket file with nobody listening; the same client reads again
     as soon as the kubelet is back."""
     _training_node(kubelet)
-    async with _client(kubelet) as client:
+    async with _client(kubelet, timeout_s=20.0) as client:
         assert len(await client.list_devices()) == 3
         await asyncio.to_thread(kubelet.kill)
         assert kubelet.socket_path.exists()
         start = time.monotonic()
         with pytest.raises(TransportError):
             await client.list_devices()
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < 10.0, "waited for the deadline, not refused at once"
         await asyncio.to_thread(kubelet.start)
         assert len(await client.list_devices()) == 3
 
@@ -195,12 +196,12 @@ async def test_a_kubelet_past_the_deadline_is_a_transport_error(kubelet: Kubelet
     """An answer later than ``timeout_s`` is abandoned at the deadline; the next, prompt
     answer is read."""
     _training_node(kubelet)
-    kubelet.set_hostile("slow", delay_s=3.0)
+    kubelet.set_hostile("slow", delay_s=10.0)
     async with _client(kubelet, timeout_s=0.3) as client:
         start = time.monotonic()
         with pytest.raises(TransportError, match=r"no answer within 0\.3 s"):
             await client.list_devices()
-        assert time.monotonic() - start < 1.5
+        assert time.monotonic() - start < 8.0, "waited for the answer (10 s), not the deadline"
         kubelet.set_hostile(None)
         assert len(await client.list_devices()) == 3
 
@@ -321,20 +322,17 @@ async def test_an_undecodable_answer_is_refused(
         assert await client.list_devices() == ()
 
 
-async def test_thousands_of_pods_within_the_bounds_are_read_quickly(
+async def test_thousands_of_pods_within_the_bounds_are_read_whole(
     kubelet: KubeletStandIn,
 ) -> None:
-    """2,000 pods of 2 containers with 4 GPUs each: read well within a second; and the
-    bound itself, 4,096 pods, is accepted."""
+    """2,000 pods of 2 containers with 4 GPUs each are read whole; and the bound itself,
+    4,096 pods, is accepted. (How fast: bench/bench_assignment.py, ``large_read``.)"""
     kubelet.set_pods(_gpu_pods(2000, containers=2, gpus=4))
     async with _client(kubelet) as client:
-        await client.list_devices()  # the stand-in decodes its new state once
-        start = time.perf_counter()
         devices = await client.list_devices()
-        elapsed_s = time.perf_counter() - start
         assert len(devices) == 4000
         assert all(len(d.device_ids) == 4 for d in devices)
-        assert elapsed_s < 0.5, f"2,000 pods took {elapsed_s:.3f} s"
+        assert len({(d.namespace, d.pod, d.container) for d in devices}) == 4000
         kubelet.set_pods(_gpu_pods(MAX_PODS))
         assert len(await client.list_devices()) == MAX_PODS
 
