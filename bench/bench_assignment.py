@@ -35,6 +35,14 @@ MQTT client (paho, its own thread).
    windows of (kubernetes - mqtt): what the source costs. Goal: under 1% of a core. The
    stand-ins' CPU is reported beside (not polca's).
 
+3. **A large node's read** (``large_read``): 2,000 pods of 2 containers with 4 GPUs each
+   (4,000 containers, 8,000 device ids) in the kubelet stand-in; ``read_p50_s`` is the
+   median of ``--reads`` calls of ``PodResourcesClient.list_devices`` (gRPC over the unix
+   socket, decoding, bounds and checks), after one call that lets the stand-in build its
+   answer. Floor, in a separate process: the median time to decode the same answer's
+   bytes with protobuf alone (``ListPodResourcesResponse.FromString``), what any client
+   must spend.
+
     .venv/bin/python bench/bench_assignment.py           # ~2.5 min; bench/results/assignment.json
     .venv/bin/python bench/bench_assignment.py --quick   # ~35 s, not for the record
 
@@ -44,6 +52,8 @@ Needs Mosquitto and gcc (the fake NVML).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import random
 import shutil
 import subprocess
@@ -69,6 +79,7 @@ from tests.mqtt_broker import MosquittoProcess  # noqa: E402
 from tests.standins.kubeapi_process import KubeApiStandIn  # noqa: E402
 from tests.standins.kubelet import KubeletStandIn, pod  # noqa: E402
 
+from polca.assign.podresources import PodResourcesClient  # noqa: E402
 from polca.telemetry.schema import Control, Status, Telemetry, decode, encode  # noqa: E402
 
 SITE, ROW, RACK = "bench", "row1", "rack1"
@@ -454,8 +465,84 @@ def standins(workdir: Path) -> Iterator[tuple[KubeletStandIn, KubeApiStandIn]]:
         shutil.rmtree(short, ignore_errors=True)
 
 
-def run(*, cycles: int, windows: int, window_s: float, publish_s: float) -> dict[str, Any]:
-    """Broker and listener; the latency, then the CPU measurement."""
+def large_pods() -> list[dict[str, Any]]:
+    """2,000 pods of 2 containers with 4 GPUs each, in 50 namespaces."""
+    return [
+        pod(
+            f"ns-{i % 50}",
+            f"job-{i}",
+            {
+                f"c{c}": {RESOURCE: [f"GPU-{i:08x}-{c:04x}-{g:04x}" for g in range(4)]}
+                for c in range(2)
+            },
+        )
+        for i in range(2000)
+    ]
+
+
+_CALL_FLOOR = """
+import json, statistics, sys, time
+import grpc
+sys.path.insert(0, sys.argv[1])
+from polca.assign._pb import api_pb2, api_pb2_grpc
+limit = 16 * 1024 * 1024
+with grpc.insecure_channel(
+    "unix://" + sys.argv[2], options=[("grpc.max_receive_message_length", limit)]
+) as channel:
+    stub = api_pb2_grpc.PodResourcesListerStub(channel)
+    answer = stub.List(api_pb2.ListPodResourcesRequest(), timeout=30)
+    times = []
+    for _ in range(int(sys.argv[3])):
+        start = time.perf_counter()
+        stub.List(api_pb2.ListPodResourcesRequest(), timeout=30)
+        times.append(time.perf_counter() - start)
+print(json.dumps({"call_p50_s": statistics.median(times), "answer_bytes": answer.ByteSize()}))
+"""
+
+
+def large_read(work: Path, *, reads: int) -> dict[str, Any]:
+    """``list_devices`` of a 2,000-pod node against the protobuf decode of its answer."""
+    pods = large_pods()
+    with standins(work / "large") as (kubelet, _api):
+        kubelet.set_pods(pods)
+
+        async def measure() -> list[float]:
+            times = []
+            async with PodResourcesClient(kubelet.socket_path, timeout_s=30.0) as client:
+                assert len(await client.list_devices()) == 4000
+                for _ in range(reads):
+                    start = time.perf_counter()
+                    devices = await client.list_devices()
+                    times.append(time.perf_counter() - start)
+                    assert len(devices) == 4000
+            return times
+
+        times = asyncio.run(measure())
+        floor = subprocess.run(
+            [sys.executable, "-c", _CALL_FLOOR, str(REPO), str(kubelet.socket_path), str(reads)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    found = json.loads(floor.stdout)
+    return {
+        "pods": len(pods),
+        "containers": 4000,
+        "device_ids": 8000,
+        "reads": reads,
+        "read_p50_s": median(times),
+        "read_max_s": max(times),
+        "floor_call_p50_s": found["call_p50_s"],
+        "answer_bytes": found["answer_bytes"],
+        "ratio_to_floor": median(times) / found["call_p50_s"],
+    }
+
+
+def run(
+    *, cycles: int, windows: int, window_s: float, publish_s: float, reads: int
+) -> dict[str, Any]:
+    """Broker and listener; the latency, the CPU measurement, then the large read."""
     with tempfile.TemporaryDirectory(prefix="polca-bench-assign-") as tmp:
         work = Path(tmp)
         broker = MosquittoProcess(work / "mosquitto")
@@ -475,6 +562,8 @@ def run(*, cycles: int, windows: int, window_s: float, publish_s: float) -> dict
             lat = latency(work, broker, listener, cycles=cycles, publish_s=publish_s)
             print(f"cpu: {windows} window(s) of {window_s:.0f} s, both agents", flush=True)
             use = cpu(work, broker, listener, windows=windows, window_s=window_s)
+            print(f"large read: a 2,000-pod node, {reads} reads", flush=True)
+            big = large_read(work, reads=reads)
         finally:
             stop.set()
             holder.join()
@@ -489,8 +578,10 @@ def run(*, cycles: int, windows: int, window_s: float, publish_s: float) -> dict
         "class_p99_s": lat["class_p99_s"],
         "caps_p99_s": lat["caps_p99_s"],
         "cpu_pct": use["cpu_pct"],
+        "read_p50_s": big["read_p50_s"],
         "latency": lat,
         "cpu": use,
+        "large_read": big,
         "floor_refresh_p99_s": 0.99,
         "goal_cpu_pct": 1.0,
     }
@@ -504,12 +595,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--publish-s", type=float, default=0.25)
+    parser.add_argument("--reads", type=int, default=21, help="large reads (median)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "assignment.json")
     args = parser.parse_args(argv)
     if args.quick:
-        args.cycles, args.windows, args.window_s = 5, 1, 10.0
+        args.cycles, args.windows, args.window_s, args.reads = 5, 1, 10.0, 5
     figures = run(
-        cycles=args.cycles, windows=args.windows, window_s=args.window_s, publish_s=args.publish_s
+        cycles=args.cycles,
+        windows=args.windows,
+        window_s=args.window_s,
+        publish_s=args.publish_s,
+        reads=args.reads,
     )
     lat, use = figures["latency"], figures["cpu"]
     print()
@@ -531,6 +627,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"stand-ins (not polca): kubelet {use['kubelet_standin_pct']:.2f} %, "
         f"API {use['kubeapi_standin_pct']:.2f} %"
+    )
+    big = figures["large_read"]
+    print()
+    print(f"a 2,000-pod node (8,000 GPU ids), list_devices  {big['read_p50_s'] * 1e3:7.1f} ms p50")
+    print(
+        f"floor: the bare gRPC call ({big['answer_bytes']:,} bytes)     "
+        f"{big['floor_call_p50_s'] * 1e3:7.1f} ms p50 (polca x{big['ratio_to_floor']:.1f})"
     )
     write_result(args.out, figures)
     print(f"wrote {args.out}")

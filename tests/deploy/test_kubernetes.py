@@ -40,7 +40,7 @@ from polca.settings import Settings, load_settings_as
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
-OVERLAYS = ("overlays/single", "overlays/ha")
+OVERLAYS = ("overlays/single", "overlays/ha", "overlays/nats")
 KUSTOMIZATIONS = ("base", *OVERLAYS)
 KUBERNETES_VERSION = "1.32.0"
 """The schemas to validate against: the oldest Kubernetes release docs/kubernetes.md supports."""
@@ -198,14 +198,66 @@ def agent_privileges(objs: list[Obj]) -> list[str]:
             if sc.get("seccompProfile", {}).get("type", seccomp) != "RuntimeDefault":
                 problems.append(f"{_name(ds)}/{c['name']}: seccomp is not RuntimeDefault")
         host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-        if host_paths != {"/var/lib/kubelet/pod-resources", "/var/lib/polca-agent"}:
+        if host_paths != {
+            "/var/lib/kubelet/pod-resources",
+            "/var/lib/polca-agent",
+            NODE_IDENTITY_DIR,
+        }:
             problems.append(f"{_name(ds)}: host paths {sorted(host_paths)}")
         for v in pod["volumes"]:
-            if v.get("hostPath", {}).get("path") == "/var/lib/kubelet/pod-resources":
+            if v.get("hostPath", {}).get("path") in (
+                "/var/lib/kubelet/pod-resources",
+                NODE_IDENTITY_DIR,
+            ):
                 for c in _containers(ds):
                     for m in c.get("volumeMounts", []):
                         if m["name"] == v["name"] and m.get("readOnly") is not True:
-                            problems.append(f"{_name(ds)}: pod-resources mounted writable")
+                            problems.append(f"{_name(ds)}: {v['name']} mounted writable")
+    return problems
+
+
+NODE_IDENTITY_DIR = "/etc/polca/mqtt-identity"
+"""The host directory holding a node's own broker credential (docs/kubernetes.md)."""
+
+_CREDENTIAL_ENV = (
+    "POLCA_MQTT__TLS_CERT_FILE",
+    "POLCA_MQTT__TLS_KEY_FILE",
+    "POLCA_MQTT__PASSWORD_FILE",
+)
+
+
+def one_credential_per_node(objs: list[Obj]) -> list[str]:
+    """Each agent pod can reach its own node's broker credential and no other: no Secret
+    is mounted but the CA's, the credential files are in the node's own directory (a
+    read-only hostPath), named after the node the pod runs on, and with a certificate the
+    agent sends no user name (the broker takes the certificate's)."""
+    problems = []
+    for ds in _agents(objs):
+        pod = _pod(ds)
+        secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        if secrets - {"polca-mqtt-ca"}:
+            problems.append(f"{_name(ds)}: mounts Secrets {sorted(secrets - {'polca-mqtt-ca'})}")
+        identity = [
+            v["name"]
+            for v in pod["volumes"]
+            if v.get("hostPath", {}).get("path") == NODE_IDENTITY_DIR
+        ]
+        for c in _containers(ds):
+            env = _env(c)
+            files = {key: env[key] for key in _CREDENTIAL_ENV if key in env}
+            if not files:
+                problems.append(f"{_name(ds)}/{c['name']}: no broker credential")
+            mounts = [m for m in c.get("volumeMounts", []) if m["name"] in identity]
+            for key, value in files.items():
+                path = Path(value)
+                if not any(Path(m["mountPath"]) == path.parent for m in mounts):
+                    problems.append(f"{_name(ds)}/{c['name']}: {key} not in the node's directory")
+                if not path.name.startswith(f"{NODE}."):
+                    problems.append(f"{_name(ds)}/{c['name']}: {key}={value} is not this node's")
+            if "POLCA_MQTT__PASSWORD_FILE" in files and env.get("POLCA_MQTT__USERNAME") != NODE:
+                problems.append(f"{_name(ds)}/{c['name']}: a password without the node's user")
+            if "POLCA_MQTT__TLS_CERT_FILE" not in files:
+                problems.append(f"{_name(ds)}/{c['name']}: no certificate of its own")
     return problems
 
 
@@ -390,6 +442,7 @@ RULES: tuple[Rule, ...] = (
     rbac,
     no_secret_in_plain_sight,
     policy_mounted_as_directory,
+    one_credential_per_node,
 )
 
 
@@ -510,6 +563,22 @@ def _break_policy_mount(objs: list[Obj]) -> None:
     _mount(_agent_container(objs), "policy")["subPath"] = "policy.yaml"
 
 
+def _break_identity_shared(objs: list[Obj]) -> None:
+    """Every node's password from one Secret, as this deployment once did."""
+    pod = _pod(_agents(objs)[0])
+    pod["volumes"].append({"name": "all-nodes", "secret": {"secretName": "polca-agent-mqtt"}})
+
+
+def _break_identity_other_node(objs: list[Obj]) -> None:
+    for var in _agent_container(objs)["env"]:
+        if var["name"] == "POLCA_MQTT__TLS_CERT_FILE":
+            var["value"] = "/etc/polca/mqtt/node1.crt"
+
+
+def _break_identity_writable(objs: list[Obj]) -> None:
+    _mount(_agent_container(objs), "mqtt-identity")["readOnly"] = False
+
+
 def _break_placement(objs: list[Obj]) -> None:
     _pod(_agents(objs)[0])["terminationGracePeriodSeconds"] = 5
 
@@ -525,6 +594,9 @@ def _break_aggregator(objs: list[Obj]) -> None:
     [
         (agent_privileges, _break_capabilities),
         (agent_privileges, _break_pod_resources_mount),
+        (agent_privileges, _break_identity_writable),
+        (one_credential_per_node, _break_identity_shared),
+        (one_credential_per_node, _break_identity_other_node),
         (rbac, _break_rbac),
         (no_secret_in_plain_sight, _break_secret),
         (policy_mounted_as_directory, _break_policy_mount),
@@ -584,11 +656,17 @@ def test_each_agent_gets_settings_polca_accepts(
         racks.add((row, rack))
         assert (settings.topics.row, settings.topics.rack) == (row, rack)
         assert settings.topics.node == NODE
-        assert settings.mqtt.username == NODE
-        assert (
-            settings.mqtt.password_file
-            == Path(_mount(container, "mqtt-password")["mountPath"]) / NODE
-        )
+        identity = Path(_mount(container, "mqtt-identity")["mountPath"])
+        assert settings.mqtt.tls_cert_file == identity / f"{NODE}.crt"
+        assert settings.mqtt.tls_key_file == identity / f"{NODE}.key"
+        if kustomization.endswith("nats"):  # a password, on NATS's one listener
+            assert settings.mqtt.username == NODE
+            assert settings.mqtt.password_file == identity / f"{NODE}.pass"
+        else:  # the node listener: the certificate's CN is the user
+            assert settings.mqtt.username is None
+            assert settings.mqtt.password_file is None
+        assert settings.mqtt.port == 8883
+        assert settings.mqtt.tls
         assert _under(settings.mqtt.tls_ca_file, _mount(container, "mqtt-ca"))
         assert _under(settings.agent.policy_file, _mount(container, "policy"))
         assert settings.agent.state_dir == Path(_mount(container, "state")["mountPath"])
@@ -636,6 +714,8 @@ def test_each_aggregator_gets_settings_polca_accepts(
         assert settings.instance == env["POLCA_INSTANCE"]
         assert _under(settings.policy_file, _mount(container, "policy"))
         assert _under(settings.mqtt.password_file, _mount(container, "mqtt-password"))
+        # Mosquitto's services' listener; NATS has one MQTT listener.
+        assert settings.mqtt.port == (8883 if kustomization.endswith("nats") else 8884)
         assert _under(settings.influx.token_file, _mount(container, "influx-token"))
         assert _under(settings.influx.spool_dir, _mount(container, "state"))
         assert settings.metrics.address is not None

@@ -177,3 +177,49 @@ def test_make_node_cert_refuses_what_is_not_a_node_name(tmp_path: Path) -> None:
     days = run_script([script, tls.ca_cert, tls.ca_key, "node2", tmp_path / "out", "-1"])
     assert days.returncode == 2
     assert not (tmp_path / "out" / "node2.crt").exists()
+
+
+async def test_polca_connects_with_the_node_certificate_alone(
+    tmp_path: Path, deployed_broker: BrokerFactory
+) -> None:
+    """polca's own bus with what the Kubernetes DaemonSet gives an agent (the node's
+    certificate and key from its node-local directory, no user name, no password) is
+    node1 on the node listener: its telemetry arrives, its write to node2's topic does not."""
+    from polca.settings import MqttSettings
+    from polca.telemetry.bus import MqttBus, OutMessage
+
+    tls = make_tls_files(tmp_path / "pki")
+    cert, key = _issue(tls, "node1", tmp_path / "mqtt-identity")
+    password = make_passwords(tmp_path, ["polca-aggregator"])["polca-aggregator"]
+    port = free_port()
+    broker = deployed_broker(
+        acl=PATTERN_ACL, password_file=tmp_path / "passwd", extra=node_listener(tls, port)
+    )
+    settings = MqttSettings(
+        host="localhost",
+        port=port,
+        tls=True,
+        tls_ca_file=tls.ca_cert,
+        tls_cert_file=cert,
+        tls_key_file=key,
+        connect_timeout_s=10.0,
+    )
+    assert settings.username is None
+    bus = MqttBus(settings, client_id="polca-agent-node1")
+    async with connected(broker, "polca-aggregator", password) as aggregator:
+        await aggregator.subscribe("polca/v1/#", qos=1)
+        task = asyncio.create_task(bus.run())
+        try:
+            async with asyncio.timeout(10.0):
+                await bus.connected.wait()
+            await bus.publish(OutMessage(f"{NODE2}/telemetry", b"forged", qos=1))
+            await bus.publish(OutMessage(f"{NODE1}/telemetry", b"mine", qos=1))
+            assert await bus.flush(5.0)
+            async with asyncio.timeout(5.0):
+                async for message in aggregator.messages:
+                    assert message.topic.value == f"{NODE1}/telemetry", message.topic
+                    assert message.payload == b"mine"
+                    break
+        finally:
+            await bus.close(timeout_s=2.0)
+            await task
