@@ -123,7 +123,10 @@ class MqttSettings(_Group):
         None, description="MQTT client identifier; defaults to polca-<role>-<node>."
     )
     protocol: Literal["3.1.1", "5"] = Field(
-        "3.1.1", description="MQTT protocol version; 3.1.1 works with every broker."
+        "3.1.1",
+        description="MQTT protocol version; 3.1.1 works with every broker (NATS speaks no "
+        "other). With 5 (Mosquitto) the aggregator also refuses a meter or CDU reading sent "
+        "retained as it arrives, not only when a new subscription delivers it.",
     )
     subscription_qos_max: Literal[0, 1, 2] | None = Field(
         None,

@@ -15,6 +15,7 @@ from polca.coord.leadership import Leadership
 from polca.policy import PolicyStore
 from polca.telemetry.bus import OutMessage
 from polca.telemetry.memory import MemoryBroker, MemoryBus
+from polca.telemetry.schema import Meter, encode
 
 POLICY = Path(__file__).resolve().parents[2] / "policies" / "polca-a100.yaml"
 NODES = [f"n{i}" for i in range(12)]
@@ -106,3 +107,56 @@ def test_an_elector_only_with_etcd_endpoints(tmp_path: Path) -> None:
     assert elector.key == "polca/v1/leader/dc1/row1"
     assert elector.instance == "agg"
     assert elector.leadership is lead
+
+
+def _sources_bus(tmp_path: Path, protocol: str) -> tuple[MemoryBroker, MemoryBus, AggregatorCore]:
+    settings = _settings(tmp_path, mqtt={"protocol": protocol})
+    core = _core(settings)
+    broker = MemoryBroker()
+    _, intake = connections.make_buses(
+        broker.bus,
+        settings,
+        core.intake,
+        will=OutMessage("polca/v1/dc1/aggregator/agg/status", b"offline", qos=1, retain=True),
+        birth=list,
+        clock_ns=lambda: 1,
+        mono_ns=lambda: 0,
+    )
+    sources = intake["sources"]
+    assert isinstance(sources, MemoryBus)
+    sources.connect()
+    return broker, sources, core
+
+
+def test_under_mqtt5_a_meter_reading_sent_retained_is_refused_live(tmp_path: Path) -> None:
+    """Only the sources' connection asks for MQTT 5's retain-as-published: a meter reading
+    its publisher sent retained reaches the intake flagged, live, and is refused as of
+    unknown age; a plain reading is taken. Under 3.1.1 the broker clears the flag on live
+    delivery (no such option), as MemoryBroker does."""
+    meter = "polca/v1/dc1/row1/meter"
+    reading = encode(Meter(ts_ns=1, power_w=5_000.0))
+    for protocol, refused in (("5", True), ("3.1.1", False)):
+        broker, sources, core = _sources_bus(tmp_path / protocol, protocol)
+        assert sources.retain_as_published is (protocol == "5")
+        broker.publish(OutMessage(meter, reading, qos=0, retain=True))
+        (message,) = sources.inbox
+        assert message.retain is refused
+        core.intake.handle(message, now_s=1.0)
+        assert core.intake.dropped["stale"] == int(refused), core.intake.dropped
+        broker.publish(OutMessage(meter, reading, qos=0))
+        core.intake.handle(sources.inbox[-1], now_s=1.1)
+        assert core.intake.dropped["stale"] == int(refused)
+        nodes = connections.make_buses(
+            broker.bus,
+            _settings(tmp_path / protocol, mqtt={"protocol": protocol}),
+            core.intake,
+            will=OutMessage("polca/v1/dc1/aggregator/agg/status", b"", qos=1, retain=True),
+            birth=list,
+            clock_ns=lambda: 1,
+            mono_ns=lambda: 0,
+        )[1]
+        assert all(
+            not bus.retain_as_published  # type: ignore[attr-defined]
+            for name, bus in nodes.items()
+            if name != "sources"
+        )

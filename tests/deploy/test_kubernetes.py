@@ -716,6 +716,7 @@ def test_each_aggregator_gets_settings_polca_accepts(
         assert _under(settings.mqtt.password_file, _mount(container, "mqtt-password"))
         # Mosquitto's services' listener; NATS has one MQTT listener.
         assert settings.mqtt.port == (8883 if kustomization.endswith("nats") else 8884)
+        assert settings.mqtt.protocol == ("3.1.1" if kustomization.endswith("nats") else "5")
         assert _under(settings.influx.token_file, _mount(container, "influx-token"))
         assert _under(settings.influx.spool_dir, _mount(container, "state"))
         assert settings.metrics.address is not None

@@ -344,11 +344,12 @@ async def _row(
     liar: dict[str, Any] | None = None,
     control: dict[str, Any] | None = None,
     budget_w: float = BUDGET_W,
+    protocol: str = "3.1.1",
 ) -> AsyncIterator[Row]:
     """The deploy broker, node1's agent and the aggregator, running and nominal.
 
     ``liar``: node2's topology fields (``DECLARED`` by default); ``control``: more
-    aggregator control settings.
+    aggregator control settings; ``protocol``: the aggregator's MQTT version.
     """
     with mosquitto_rig.brokers(tmp_path) as start_broker:
         passwords = mosquitto_rig.make_passwords(tmp_path, USERS)
@@ -376,7 +377,7 @@ async def _row(
             interval_s=INTERVAL_S,
             node_fields={LIAR: DECLARED if liar is None else liar},
             extra={
-                "mqtt": login("polca-aggregator"),
+                "mqtt": {**login("polca-aggregator"), "protocol": protocol},
                 "metrics": {"address": f"127.0.0.1:{port}"},
                 "control": control or {},
             },
@@ -713,11 +714,46 @@ async def _feed_node2(client: aiomqtt.Client, gpu_w: float) -> None:
         await asyncio.sleep(INTERVAL_S)
 
 
-async def _feed_meter_w(client: aiomqtt.Client, power_w: float) -> None:
+async def _feed_meter_w(client: aiomqtt.Client, power_w: float, *, retain: bool = False) -> None:
     while True:
         reading = Meter(ts_ns=time.time_ns(), power_w=power_w)
-        await client.publish(f"{BASE}/meter", encode(reading), qos=0)
+        await client.publish(f"{BASE}/meter", encode(reading), qos=0, retain=retain)
         await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_a_meter_reading_sent_retained_is_refused_live_under_mqtt5(
+    tmp_path: Path, a100_node: FakeNvml, protocol: str
+) -> None:
+    """The row's meter (user ``meter``, the shipped ACL) publishes fresh readings at 85%
+    of the budget, each one retained. With the aggregator on MQTT 5 (the shipped
+    configurations) each arrives with its retain flag, is dropped as ``stale`` and the
+    row stays at level 0 on its nodes' power; on 3.1.1 the broker clears the flag on live
+    delivery and the same readings take the row to T1 (what MQTT 5 is there for)."""
+    async with _row(tmp_path, a100_node, protocol=protocol) as row:
+        async with row.client("meter") as meter:
+            feeder = asyncio.create_task(_feed_meter_w(meter, BUDGET_W * 0.85, retain=True))
+            try:
+                if protocol == "5":
+                    dropped = await row.wait_metric(
+                        "polca_aggregator_messages_dropped_total", lambda v: v >= 10, reason="stale"
+                    )
+                    assert dropped >= 10
+                    await row.more_summaries(4)
+                    assert {s.level for s in row.viewer.summaries(row.start)} == {0}
+                    assert {s.power_source for s in row.viewer.summaries(row.start)} == {"computed"}
+                else:
+                    await wait_until(
+                        lambda: row.locks() == [T1_LOCK_MHZ] * 8, timeout_s=20, what="T1"
+                    )
+                    assert (
+                        row.metric("polca_aggregator_messages_dropped_total", reason="stale") == 0
+                    )
+            finally:
+                feeder.cancel()
+                await asyncio.gather(feeder, return_exceptions=True)
+            await meter.publish(f"{BASE}/meter", b"", qos=1, retain=True)
+        row.check_daemons()
 
 
 async def test_a_meter_reading_a_quarter_low_is_not_believed_nor_a_wild_one(

@@ -276,6 +276,34 @@ async def test_bus_receives_retained_on_subscribe(mosquitto: MosquittoProcess) -
     )
 
 
+@pytest.mark.parametrize(
+    ("protocol", "retain_as_published", "seen_retained"),
+    [("5", True, True), ("5", False, False), ("3.1.1", True, False)],
+)
+async def test_a_live_message_keeps_its_retain_flag_only_as_mqtt5_asks(
+    mosquitto: MosquittoProcess, protocol: str, retain_as_published: bool, seen_retained: bool
+) -> None:
+    """A message published retained to an established subscription: under MQTT 5 with
+    ``retain_as_published`` it arrives flagged (so a reading sent retained is seen as one
+    live too); without the option, or under 3.1.1, which has none, the broker clears the
+    flag. A message published plainly is never flagged."""
+    bus = MqttBus(
+        fast_settings(mosquitto.port, protocol=protocol),
+        client_id="sources",
+        subscriptions=[("polca/test/meter/#", 1)],
+        retain_as_published=retain_as_published,
+    )
+    async with running(bus):
+        await wait_for_event(bus.subscribed)
+        async with observer(mosquitto.port) as meter:
+            await meter.publish("polca/test/meter/row1", b"retained", qos=1, retain=True)
+            await meter.publish("polca/test/meter/row1", b"plain", qos=1)
+            first, second = await inbox_get(bus), await inbox_get(bus)
+            await meter.publish("polca/test/meter/row1", b"", qos=1, retain=True)  # cleared
+    assert (first.payload, first.retain) == (b"retained", seen_retained)
+    assert (second.payload, second.retain) == (b"plain", False)
+
+
 _CHILD = textwrap.dedent(
     """
     import asyncio, sys

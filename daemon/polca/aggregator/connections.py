@@ -40,6 +40,10 @@ __all__ = [
 ]
 
 
+SOURCES = "sources"
+"""The intake connection of the meters and CDUs."""
+
+
 def client_id(settings: AggregatorSettings) -> str:
     """The control connection's MQTT client id; an intake connection's adds ``-<name>``."""
     return settings.mqtt.client_id or f"polca-aggregator-{settings.instance}"
@@ -52,7 +56,7 @@ def intake_plan(intake: Intake, connections: int) -> dict[str, Subscriptions]:
     are meters or CDUs, and ``quarantine`` always (a node moved there later needs it).
     """
     shards = intake.node_subscriptions(connections)
-    shards["sources"] = intake.source_subscriptions()
+    shards[SOURCES] = intake.source_subscriptions()
     return {name: subs for name, subs in shards.items() if subs or name == "quarantine"}
 
 
@@ -86,6 +90,9 @@ def make_buses(
             subscriptions=subscriptions,
             clock_ns=clock_ns,
             mono_ns=mono_ns,
+            # Meters and CDUs publish readings only, never retained: under MQTT 5 a
+            # reading sent retained shows as one live too, and is refused as one.
+            retain_as_published=name == SOURCES,
         )
         for name, subscriptions in plan.items()
     }

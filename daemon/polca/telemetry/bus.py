@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Protocol
 import aiomqtt
 import structlog
 from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from polca import aiokit
 from polca.errors import ConfigError, TransportAuthError, TransportError
@@ -104,8 +105,10 @@ class InMessage:
 
     ``received_ns`` is the wall clock (Unix ns, for ordering and display), and
     ``received_mono_ns`` the monotonic clock (for leases and durations). ``retain`` is set
-    only for a retained message delivered because of a new subscription (MQTT clears it
-    on delivery to an established one), so it marks messages of unknown age.
+    for a retained message delivered because of a new subscription (MQTT clears it on
+    delivery to an established one), so it marks messages of unknown age; on a bus made
+    with ``retain_as_published`` under MQTT 5, also for every message its publisher sent
+    retained.
     """
 
     topic: str
@@ -210,6 +213,7 @@ class BusFactory(Protocol):
         birth: Callable[[], Sequence[OutMessage]] | None = None,
         clock_ns: Callable[[], int] = ...,
         mono_ns: Callable[[], int] = ...,
+        retain_as_published: bool = False,
     ) -> Bus:
         """A bus for one client (no I/O until ``run()``)."""
         ...
@@ -256,10 +260,19 @@ class MqttBus:
         clock_ns: Callable[[], int] = time.time_ns,
         mono_ns: Callable[[], int] = time.monotonic_ns,
         attempts: int | None = None,
+        retain_as_published: bool = False,
     ) -> None:
         """``attempts``: connection attempts before ``run()`` gives up with a
-        ``TransportError`` (one-shot commands: 1); None, the daemons': forever."""
+        ``TransportError`` (one-shot commands: 1); None, the daemons': forever.
+
+        ``retain_as_published``: under MQTT 5 (``mqtt.protocol: "5"``), subscribe with the
+        option of that name, so a message its publisher sent retained arrives with
+        ``retain`` set even on an established subscription (a reading published retained
+        is then seen as one, live or not). MQTT 3.1.1 has no such option: there the flag
+        changes nothing.
+        """
         self._settings = settings
+        self._retain_as_published = retain_as_published and settings.protocol == "5"
         self._attempts = attempts
         self._clock_ns = clock_ns
         self._mono_ns = mono_ns
@@ -590,7 +603,7 @@ class MqttBus:
             subscriptions = self._subscriptions
             self._subscriptions_changed.clear()
             granted = self._granted(subscriptions)
-            self._note_refused(granted, await client.subscribe(granted))
+            self._note_refused(granted, await client.subscribe(self._with_options(granted)))
             self._subscribed = subscriptions
             _raise_if_cancelling()
         self.subscribed.set()
@@ -617,7 +630,7 @@ class MqttBus:
                 await client.unsubscribe(gone)
             if new:
                 granted = self._granted(new)
-                self._note_refused(granted, await client.subscribe(granted))
+                self._note_refused(granted, await client.subscribe(self._with_options(granted)))
             self._subscribed = wanted
             _raise_if_cancelling()
 
@@ -630,6 +643,17 @@ class MqttBus:
             value = code if isinstance(code, int) else getattr(code, "value", 0)
             if isinstance(value, int) and value >= 0x80:
                 self._log.warning("mqtt_subscription_refused", topic=topic, code=value)
+
+    def _with_options(
+        self, subscriptions: list[tuple[str, int]]
+    ) -> list[tuple[str, int]] | list[tuple[str, SubscribeOptions]]:
+        """The SUBSCRIBE's filters: with MQTT 5 options where ``retain_as_published``."""
+        if not self._retain_as_published:
+            return subscriptions
+        return [
+            (topic, SubscribeOptions(qos=qos, retainAsPublished=True))
+            for topic, qos in subscriptions
+        ]
 
     def _granted(self, subscriptions: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
         """The subscriptions at their QoS, capped by ``mqtt.subscription_qos_max``."""

@@ -48,9 +48,11 @@ class MemoryBroker:
         birth: Callable[[], Sequence[OutMessage]] | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         mono_ns: Callable[[], int] = time.monotonic_ns,
+        retain_as_published: bool = False,
     ) -> MemoryBus:
-        """A bus for one client on this broker (a ``BusFactory``)."""
-        return MemoryBus(
+        """A bus for one client on this broker (a ``BusFactory``); ``retain_as_published``
+        as ``MqttBus`` has it (MQTT 5 only)."""
+        bus = MemoryBus(
             self,
             client_id=client_id,
             will=will,
@@ -60,6 +62,8 @@ class MemoryBroker:
             clock_ns=clock_ns,
             mono_ns=mono_ns,
         )
+        bus.retain_as_published = retain_as_published and settings.protocol == "5"
+        return bus
 
     def publish(self, msg: OutMessage) -> None:
         """Keep ``msg`` if retained, and deliver it to every matching connected client."""
@@ -71,7 +75,7 @@ class MemoryBroker:
                 self.retained.pop(msg.topic, None)
         for client in self._clients:
             if client.subscribed_to(msg.topic):
-                client.deliver(msg, retain=False)
+                client.deliver(msg, retain=msg.retain and client.retain_as_published)
 
     def connect(self, client: MemoryBus) -> None:
         """Connect ``client``: birth messages, then the retained messages it subscribes to."""
@@ -117,6 +121,8 @@ class MemoryBus:
         self.client_id = client_id
         self.will = will
         self.filters = tuple(topic for topic, _ in subscriptions)
+        self.retain_as_published = False
+        """MQTT 5's subscription option: a live message keeps its publisher's retain flag."""
         self._birth = birth
         self._clock_ns = clock_ns
         self._mono_ns = mono_ns
