@@ -175,7 +175,7 @@ async def control_latency_ms(  # noqa: PLR0915 - one linear measurement script
         "latencies_ms": latencies,
         "driver_ms": in_driver,
         "receipt_ms": from_receipt,
-        "ticks": agent.ticks,
+        "ticks": agent.telemetry.ticks,
     }
 
 

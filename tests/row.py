@@ -314,7 +314,7 @@ class Row:
         live = [n for n in self.nodes.values() if n.agent.bus and n.bus.connected.is_set()]
         for node in live:
             await node.agent.tick()
-            node.agent.publish_telemetry()
+            node.agent.telemetry.publish()
         if self.meter_pct is not None:
             meter = Meter(ts_ns=self.clock.wall(), power_w=self.budget_w * self.meter_pct / 100)
             self.probe.publish_nowait(OutMessage(f"polca/v1/{SITE}/{ROW}/meter", encode(meter)))

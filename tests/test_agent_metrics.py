@@ -30,13 +30,13 @@ async def test_an_xid_reaches_the_aggregator_and_the_events(tmp_path: Path) -> N
     await row.start()
     await row.run(1)
     node = row.nodes["n1"]
-    await node.agent.read_health()
-    first = node.agent.publish_telemetry()
+    await node.agent.telemetry.read_health()
+    first = node.agent.telemetry.publish()
     assert all(g.health is not None for g in first.gpus)  # the first reading goes out
     row.deliver()
     node.backend.inject_xid(2, 79)
-    await node.agent.read_health()
-    second = node.agent.publish_telemetry()
+    await node.agent.telemetry.read_health()
+    second = node.agent.telemetry.publish()
     assert [g.index for g in second.gpus if g.health is not None] == [2]  # only the change
     row.deliver()
     # Within the node's gpu_health interval (1 s): written with its next message after it.
@@ -65,8 +65,8 @@ async def test_agent_points_name_caps_reasons_level_and_lease(tmp_path: Path) ->
     await row.run(4)
     node = row.nodes["n1"]
     sink = MemorySink()
-    node.agent.sinks = FanOut([sink])
-    node.agent.write_points(node.agent.publish_telemetry())
+    node.agent.telemetry.sinks = FanOut([sink])
+    node.agent.telemetry.write_points(node.agent.telemetry.publish())
     caps = _of(sink.points, "gpu_cap")
     assert len(caps) == 4
     reasons = {p.tags["gpu_index"]: p.tags["clock_reason"] for p in caps}
@@ -87,9 +87,9 @@ async def test_agent_points_name_caps_reasons_level_and_lease(tmp_path: Path) ->
     row.clock.advance(4.0)
     await node.agent.tick()
     await node.agent.control_step()
-    await node.agent.read_health()
+    await node.agent.telemetry.read_health()
     sink.points.clear()
-    node.agent.write_points(node.agent.publish_telemetry())
+    node.agent.telemetry.write_points(node.agent.telemetry.publish())
     (agent,) = _of(sink.points, "agent")
     assert agent.fields["lease_remaining_s"] == 0.0
     assert agent.fields["fail_safe"] == 1.0

@@ -95,3 +95,19 @@ def test_security_exposure_is_below_the_agents() -> None:
     score = exposure(UNIT)
     assert score < 2.0
     assert score < exposure(AGENT_UNIT)
+
+
+def test_two_meters_of_one_site_hold_different_client_ids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One meter process per row (a broker user per row's meter) must not evict another."""
+    for name in [n for n in os.environ if n.startswith("POLCA_")]:
+        monkeypatch.delenv(name)
+    whole = load_settings_as(MeterSettings, EXAMPLE)
+    assert [r.row for r in whole.rows][:2] == ["row1", "row2"]
+    ids = {whole.model_copy(update={"rows": (row,)}).client_id: row.row for row in whole.rows}
+    assert ids == {"polca-meter-site-row1": "row1", "polca-meter-site-row2": "row2"}
+    assert whole.client_id == "polca-meter-site-row1"
+    assert whole.model_copy(update={"rows": ()}).client_id == "polca-meter-site"
+    chosen = whole.model_copy(update={"mqtt": whole.mqtt.model_copy(update={"client_id": "m7"})})
+    assert chosen.client_id == "m7"

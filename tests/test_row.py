@@ -256,7 +256,7 @@ async def test_telemetry_that_takes_the_row_over_a_threshold_steps_at_once(
         row.clock.advance(0.5)
         for node in row.nodes.values():
             await node.agent.tick()
-            node.agent.publish_telemetry()
+            node.agent.telemetry.publish()
         row.deliver()
         if row.urgent_steps:
             break

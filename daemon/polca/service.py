@@ -8,7 +8,9 @@ handler and the systemd watchdog (fed only while the control loop makes progress
 ``PolicyReloader`` and ``side_tasks`` are that, once, and ``supervise`` is the shape of
 both supervisors: the connections (bus, sink) run unguarded beside a TaskGroup of guarded
 eternal loops, and the shutdown runs shielded whether the loops stopped on request (clean)
-or because one failed. Exit codes live in ``exits.py``.
+or because one failed. ``STOP_BOUNDS`` is how long each step of either shutdown may
+take (one home: each systemd unit's ``TimeoutStopSec`` leaves room for their sum), and
+``bounded`` runs one such step. Exit codes live in ``exits.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,60 @@ from polca import aiokit
 from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 
-__all__ = ["PolicyReloader", "serve_source", "side_tasks", "supervise"]
+__all__ = [
+    "STOP_BOUNDS",
+    "PolicyReloader",
+    "StopBounds",
+    "bounded",
+    "serve_source",
+    "side_tasks",
+    "supervise",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StopBounds:
+    """How long each step of a shutdown may take before it is abandoned and logged; the
+    GPUs' own bound is ``agent.stop_timeout_s`` (configured: it depends on the node)."""
+
+    final_messages_s: float = 3.0
+    """The last words (the final state, the ``offline`` status) and their flush."""
+    sinks_s: float = 5.0
+    """The sinks' last writes (InfluxDB and its spool; ``/metrics`` closes at once)."""
+    session_s: float = 2.0
+    """A goodbye to another service: the BMC sessions, the leadership's resignation."""
+    intake_s: float = 1.0
+    """Each of the aggregator's intake connections (nothing to send: a DISCONNECT)."""
+
+    def agent_s(self, gpu_stop_s: float) -> float:
+        """The agent's whole shutdown at most: the GPUs, then the last words, the sinks."""
+        return gpu_stop_s + self.final_messages_s + self.sinks_s
+
+    def aggregator_s(self, intake_connections: int) -> float:
+        """The aggregator's whole shutdown at most (BMC, resign, sinks, intake, last words)."""
+        return (
+            2 * self.session_s
+            + self.sinks_s
+            + intake_connections * self.intake_s
+            + self.final_messages_s
+        )
+
+
+STOP_BOUNDS = StopBounds()
+
+
+async def bounded(
+    step: Coroutine[Any, Any, object], timeout_s: float, event: str, log: Any
+) -> bool:
+    """Await one step of a shutdown; after ``timeout_s`` abandon it and log ``event``
+    (warning). Whether it finished."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await step
+    except TimeoutError:
+        log.warning(event, timeout_s=timeout_s)
+        return False
+    return True
 
 
 @dataclass(slots=True)
@@ -142,4 +197,4 @@ async def serve_source(
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks)
-        await bus.close(timeout_s=2.0)
+        await bus.close(timeout_s=STOP_BOUNDS.final_messages_s)

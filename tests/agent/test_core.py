@@ -739,3 +739,51 @@ def test_the_message_builders_and_the_gpu_shell_do_not_import_the_core() -> None
         "polca.agent.intake",
     ):
         assert graph.find_shortest_chain(module, "polca.agent.core") is None, module
+
+
+# ---------------------------------------------------------------- the connection
+
+
+def test_a_new_connection_publishes_status_naming_its_endpoint_then_the_state(
+    tmp_path: Path,
+) -> None:
+    """``birth``: the online status (with the endpoint it is for), then the state."""
+    node = Node(tmp_path)
+    status, state = node.core.birth("nats-2:8883", now_ns=WALL0, now_mono_ns=MONO0)
+    assert status.topic.endswith("/status")
+    assert state.topic.endswith("/state")
+    assert (status.retain, state.retain) == (True, True)
+    assert decode(status.payload, Status).mqtt_endpoint == "nats-2:8883"
+    assert node.core.mqtt_endpoint == "nats-2:8883"
+
+
+def test_while_disconnected_every_message_but_the_status_is_queued() -> None:
+    """A status queued while disconnected would follow the next birth's and state an old
+    status: it is left out then (the birth carries the status as it is); all else waits."""
+    status = OutMessage("polca/v1/dc1/r/k/n/status", b"s", qos=1, retain=True)
+    state = OutMessage("polca/v1/dc1/r/k/n/state", b"t", qos=1, retain=True)
+    effects = Effects(messages=(status, state))
+    topic = status.topic
+    assert effects.to_send(status_topic=topic, connected=True) == [status, state]
+    assert effects.to_send(status_topic=topic, connected=False) == [state]
+
+
+def test_the_policy_file_is_not_reloaded_while_the_aggregators_is_in_force(
+    tmp_path: Path,
+) -> None:
+    """A reload of the local file is refused with a warning while the aggregator's policy
+    is in force, allowed otherwise."""
+    node = Node(tmp_path)
+    assert node.core.policy_file_ignored("sighup") is None
+    node.core.remote_policy = True
+    ignored = node.core.policy_file_ignored("sighup")
+    assert ignored is not None
+    (line,) = ignored.logs
+    assert (line.level, line.event, line.fields["trigger"]) == (
+        "warning",
+        "policy_file_ignored",
+        "sighup",
+    )
+    classes = node.core.policy_classes()
+    assert classes.order == tuple(node.core.policy.policy.classes)
+    assert classes.default == node.core.policy.policy.default_class

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from polca.agent.silence import SilenceWatch
+import structlog
+from structlog.testing import capture_logs
+
+from polca.agent.silence import SilenceWatch, look, watch_for
+from polca.telemetry.bus import BusStats
 
 S = 1_000_000_000
 
@@ -46,3 +50,37 @@ def test_the_wait_stops_doubling_at_five_minutes() -> None:
         now += watch.silence_ns
         assert watch.check(now, connects=connects, connected=True, heard_ns=None) is not None
     assert watch.silence_ns == 300 * S
+
+
+def test_a_watch_runs_only_with_a_bound_and_somewhere_to_go() -> None:
+    """No silence bound, or a single broker endpoint: no watch (nowhere to move to)."""
+    assert watch_for(None, 3) is None
+    assert watch_for(10.0, 1) is None
+    watch = watch_for(10.0, 2)
+    assert watch is not None
+    assert watch.base_ns == 10 * S
+
+
+class _Bus:
+    """What ``look`` reads and calls of a bus: its counters and ``move_on``."""
+
+    def __init__(self) -> None:
+        self.stats = BusStats(connects=1, endpoint="nats-1:8883")
+        self.moves: list[str] = []
+
+    def move_on(self, reason: str) -> None:
+        self.moves.append(reason)
+
+
+def test_a_look_moves_the_bus_on_once_per_silence_and_says_so() -> None:
+    watch = SilenceWatch(10.0)
+    bus = _Bus()
+    log = structlog.get_logger()
+    with capture_logs() as logs:
+        assert look(watch, bus, now_ns=0, heard_ns=None, log=log) is None  # type: ignore[arg-type]
+        assert look(watch, bus, now_ns=10 * S, heard_ns=None, log=log) == "no control for 10 s"  # type: ignore[arg-type]
+        assert look(watch, bus, now_ns=11 * S, heard_ns=None, log=log) is None  # type: ignore[arg-type]
+    assert bus.moves == ["no control for 10 s"]
+    assert [(e["event"], e["endpoint"]) for e in logs] == [
+        ("broker_silent_moving_on", "nats-1:8883")
+    ]

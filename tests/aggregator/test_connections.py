@@ -13,6 +13,7 @@ from polca.aggregator.core import AggregatorCore
 from polca.aggregator.intake import node_shard
 from polca.coord.leadership import Leadership
 from polca.policy import PolicyStore
+from polca.settings import MqttSettings
 from polca.telemetry.bus import OutMessage
 from polca.telemetry.memory import MemoryBroker, MemoryBus
 from polca.telemetry.schema import Meter, encode
@@ -160,3 +161,45 @@ def test_under_mqtt5_a_meter_reading_sent_retained_is_refused_live(tmp_path: Pat
             for name, bus in nodes.items()
             if name != "sources"
         )
+
+
+def test_the_intake_is_cut_while_any_connection_waits_for_its_subscriptions(
+    tmp_path: Path,
+) -> None:
+    """Connected but not yet subscribed (a cluster electing after a failover): cut;
+    every connection subscribed: not cut; no control connection yet: the others decide."""
+    settings = _settings(tmp_path, intake={"connections": 2})
+    core = _core(settings)
+    control, intake = connections.make_buses(
+        MemoryBroker().bus,
+        settings,
+        core.intake,
+        will=OutMessage("polca/v1/dc1/aggregator/agg/status", b"", qos=1, retain=True),
+        birth=list,
+        clock_ns=lambda: 0,
+        mono_ns=lambda: 0,
+    )
+    assert connections.intake_cut(control, intake)
+    for bus in (control, *intake.values()):
+        assert isinstance(bus, MemoryBus)
+        bus.connect()
+    assert not connections.intake_cut(control, intake)
+    assert not connections.intake_cut(None, intake)
+    intake["nodes-0"].subscribed.clear()
+    assert connections.intake_cut(control, intake)
+
+
+def test_a_quarantine_move_resubscribes_the_connections_it_names(tmp_path: Path) -> None:
+    """The shared connection drops the node's topics, ``quarantine`` takes them; a
+    connection not made yet is skipped."""
+    broker = MemoryBroker()
+    shared = broker.bus(MqttSettings(), client_id="s")
+    moved = connections.NodeMove(
+        row="row1",
+        node="n1",
+        kind="quarantined",
+        shared="nodes-0",
+        resubscribe={"nodes-0": [("polca/v1/dc1/row1/r1/n2/telemetry", 0)], "quarantine": []},
+    )
+    connections.resubscribe({"nodes-0": shared}, moved)
+    assert shared.filters == ("polca/v1/dc1/row1/r1/n2/telemetry",)

@@ -170,3 +170,34 @@ async def test_writes_to_one_bmc_keep_their_pace_and_the_latest_target_wins(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await actuator.close()
+
+
+@pytest.mark.parametrize(
+    ("action", "error", "verified", "level", "event"),
+    [
+        ("cap", None, True, "warning", "oob_cap_applied"),
+        ("release", None, True, "info", "oob_release_applied"),
+        ("release", None, False, "warning", "oob_release_failed"),
+        ("cap", "timed out", False, "warning", "oob_cap_failed"),
+    ],
+)
+def test_an_outcome_is_logged_as_what_an_operator_must_know(
+    action: str, error: str | None, verified: bool, level: str, event: str
+) -> None:
+    """A cap held by a BMC, or any failed write, is a warning; a verified release, info."""
+    outcome = OobOutcome(
+        "n1", action, 300.0, 300.0 if verified else None, verified, error, "r", 1.5
+    )
+    got_level, got_event, fields = outcome.log_line()
+    assert (got_level, got_event) == (level, event)
+    assert fields["node"] == "n1"
+    assert fields["error"] == error
+
+
+def test_a_wanted_target_is_a_warning_naming_cap_or_release() -> None:
+    assert OobTarget("n1", 300.0, "agent stale").log_line() == (
+        "warning",
+        "oob_cap_wanted",
+        {"node": "n1", "watts": 300.0, "reason": "agent stale"},
+    )
+    assert OobTarget("n1", None, "agent back").log_line()[1] == "oob_release_wanted"

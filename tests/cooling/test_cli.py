@@ -20,7 +20,7 @@ from polca.settings import MqttSettings, load_settings_as
 from polca.telemetry.bus import MqttBus
 from polca.telemetry.schema import CduTelemetry, decode
 from polca.telemetry.topics import Topics
-from tests.cooling.conftest import ModbusTestServer
+from tests.modbus.conftest import ModbusTestServer
 from tests.mqtt_broker import MosquittoProcess, free_port
 
 # How a test runs the commands before polca.cli wires them in: the same two calls.

@@ -13,14 +13,15 @@ import pytest
 from structlog.testing import capture_logs
 
 from polca.cooling.config import CduSettings
-from polca.cooling.modbus import ModbusCduPoller, PymodbusClient
+from polca.cooling.modbus import ModbusCduPoller
 from polca.cooling.publisher import DropLog, publish_poll_once
 from polca.cooling.registers import ModbusCduConfig, load_map
 from polca.errors import ConfigError, TransportError
+from polca.modbus.client import PymodbusClient
 from polca.settings import load_settings_as
 from polca.telemetry.bus import OutMessage
 from polca.telemetry.schema import CduTelemetry
-from tests.cooling.conftest import ModbusTestServer, word16, words32
+from tests.modbus.conftest import ModbusTestServer, word16, words32
 from tests.mqtt_broker import free_port
 
 EXAMPLE_MAP = Path(__file__).resolve().parents[2] / "deploy" / "cdu-modbus.example.yaml"

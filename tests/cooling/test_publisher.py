@@ -26,7 +26,7 @@ from polca.settings import MqttSettings
 from polca.telemetry.bus import InMessage, MqttBus, OutMessage
 from polca.telemetry.schema import CduTelemetry, Telemetry, decode, encode
 from polca.telemetry.topics import NodeAddress, Topics
-from tests.cooling.conftest import ModbusTestServer
+from tests.modbus.conftest import ModbusTestServer
 from tests.mqtt_broker import MosquittoProcess
 
 WAIT_S = 10.0

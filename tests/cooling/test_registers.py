@@ -14,18 +14,20 @@ from hypothesis import strategies as st
 from polca.cooling.registers import (
     MAX_LEAK_DETECTORS,
     MAX_PUMPS,
-    DecodeProblem,
+    CduPoint,
     ModbusCduConfig,
-    RegisterPoint,
-    WordOrder,
     assemble,
-    decode_point,
     load_map,
-    plan_reads,
 )
 from polca.errors import ConfigError
-from tests.cooling.conftest import word16, words32
+from polca.modbus.registers import (
+    DecodeProblem,
+    WordOrder,
+    decode_point,
+    plan_reads,
+)
 from tests.fuzzing import FUZZ
+from tests.modbus.conftest import word16, words32
 
 EXAMPLE_MAP = Path(__file__).resolve().parents[2] / "deploy" / "cdu-modbus.example.yaml"
 
@@ -38,9 +40,9 @@ def base_map(*points: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return raw
 
 
-def point(**kwargs: Any) -> RegisterPoint:
+def point(**kwargs: Any) -> CduPoint:
     """A validated point."""
-    return RegisterPoint.model_validate(kwargs)
+    return CduPoint.model_validate(kwargs)
 
 
 @pytest.mark.parametrize(
@@ -388,7 +390,7 @@ _BOUNDS = {
 
 
 @st.composite
-def register_points(draw: st.DrawFn) -> RegisterPoint:
+def register_points(draw: st.DrawFn) -> CduPoint:
     """Any valid point: every field kind, type, word order, scale, unit and bit."""
     field = draw(st.sampled_from(_FIELDS))
     raw: dict[str, Any] = {"field": field, "address": draw(st.integers(0, 65534))}
@@ -417,7 +419,7 @@ def register_points(draw: st.DrawFn) -> RegisterPoint:
         kind = next(k for k in units if k in field.replace("delta_", "").replace("removed", ""))
         raw["unit"] = draw(st.none() | st.sampled_from(units[kind]))
     raw["word_order"] = draw(st.none() | st.sampled_from(("big", "little")))
-    return RegisterPoint.model_validate(raw)
+    return CduPoint.model_validate(raw)
 
 
 def _bounds_of(field: str) -> tuple[float, float]:
@@ -441,7 +443,7 @@ def _bounds_of(field: str) -> tuple[float, float]:
     order=st.sampled_from(("big", "little")),
 )
 def test_fuzz_any_16_bit_words_decode_to_a_reading_or_a_problem(
-    p: RegisterPoint, words: list[int], order: WordOrder
+    p: CduPoint, words: list[int], order: WordOrder
 ) -> None:
     """Any register words give a bounded finite number, a valid state or a DecodeProblem."""
     decoded = decode_point(p, words, word_order=order)

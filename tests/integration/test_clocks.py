@@ -196,7 +196,7 @@ async def test_an_agent_eleven_seconds_ahead_follows_and_says_so(
             await wait_until(lambda: _following(row.agent, 2), timeout_s=20, what="T2")
             await _hold(row.agent, 2, 3.0)
             assert row.agent.core.clock_skewed
-            assert "clock off by +11" in row.agent._status_line()
+            assert "clock off by +11" in row.agent.core.status_line()
             stop.set()
     skew = [e for e in logs if e["event"] == "clock_skew_detected"]
     assert skew

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from polca.errors import ReadingRejectedError, TransportError
 from polca.meter.modbus import ModbusMeterConfig, ModbusMeterSource
-from tests.cooling.conftest import ModbusTestServer, words32
+from tests.modbus.conftest import ModbusTestServer, words32
 from tests.mqtt_broker import free_port
 
 

@@ -44,6 +44,7 @@ from polca.agent.plans import (
     Applied,
     Effects,
     LogBook,
+    LogLine,
     Received,
     ResumePlan,
     Sampled,
@@ -54,6 +55,7 @@ from polca.agent.plans import (
 from polca.agent.step import NodeControl
 from polca.agent.window import TelemetryWindow
 from polca.assign.model import AssignmentUpdate
+from polca.assign.rules import Classes
 from polca.errors import GpuError
 from polca.gpu.backend import GpuHealth, GpuInfo, GpuSample, WriteResult
 from polca.policy import Decision, GpuTarget, LoadedPolicy, PolicyStore
@@ -261,6 +263,15 @@ class AgentCore:
     def lease(self, now_mono_ns: int) -> Lease | None:
         """The control lease in force at ``now_mono_ns`` (None: none, or lapsed)."""
         return self.intake.tracker.current(now_mono_ns)
+
+    def birth(self, endpoint: str | None, *, now_ns: int, now_mono_ns: int) -> list[OutMessage]:
+        """What a new connection to ``endpoint`` publishes first: the status (naming the
+        endpoint) and the state."""
+        self.mqtt_endpoint = endpoint
+        return [
+            self.status_message("online", now_ns=now_ns),
+            self.state_message(now_ns=now_ns, now_mono_ns=now_mono_ns),
+        ]
 
     def status_message(self, state: str, *, now_ns: int, reason: str | None = None) -> OutMessage:
         """The node's retained status (``online``/``offline``), stamped ``now_ns``."""
@@ -511,6 +522,27 @@ class AgentCore:
         return Received(
             wake=handled.wake, effects=self._effects(status_line=handled.status_changed)
         )
+
+    def policy_classes(self) -> Classes:
+        """The policy's classes and its default, as the assignment sources rank them."""
+        policy = self.policy.policy
+        return Classes(tuple(policy.classes), policy.default_class)
+
+    def policy_file_ignored(self, trigger: str) -> Effects | None:
+        """Why the local policy file is not to be reloaded now (the aggregator's policy is
+        in force: a warning); None when it may be."""
+        if not self.remote_policy:
+            return None
+        line = LogLine(
+            "warning",
+            "policy_file_ignored",
+            {
+                "trigger": trigger,
+                "reason": "the aggregator's policy is in force",
+                "revision": self.policy.revision,
+            },
+        )
+        return Effects(logs=(line,))
 
     def policy_rejected(self, problems: Sequence[str], *, now_ns: int) -> Effects:
         """A local policy edit was refused: publish it (the last good one stays)."""

@@ -89,6 +89,14 @@ class Effects:
     logs: tuple[LogLine, ...] = ()
     status_line: str | None = None
 
+    def to_send(self, *, status_topic: str, connected: bool) -> list[OutMessage]:
+        """The messages to queue on the bus now: all while connected; while disconnected
+        all but the node's status, which the next connection's birth carries as it is
+        then (a queued one would follow the birth's and state an old status)."""
+        if connected:
+            return list(self.messages)
+        return [m for m in self.messages if m.topic != status_topic]
+
 
 @dataclass(frozen=True, slots=True)
 class Received:

@@ -1,56 +1,39 @@
 """The node agent's shell: one TaskGroup owning every loop, ordered start and stop.
 
-Decisions live in ``core.py``, messages in ``messages.py``, the GPUs in ``gpus.py``; this
-module only moves data between them, the clocks, the bus and the GPU thread: it reads the
-clocks, passes the times to the core, carries out what the core returns (``plans.py``:
-GPU writes through ``gpus.py``, messages to the bus, log lines, systemd's status) and
-feeds the write results back to the core.
-
-Start-up order: note the run in the exit record (a crash loop is reported) -> open the GPU
-backend on its worker thread -> discover GPUs -> check write privilege (unless
-observe-only) -> load the policy -> if a baseline was left behind (a crash, or a stop that
-kept caps), keep it as the originals and apply the fail-safe caps before anything else ->
-save the baseline -> start the bus and the loops -> tell systemd READY=1. The start-up
-grace (nominal until the first control message) applies only after a clean, restoring stop.
+Decisions live in ``core.py``; this module moves data between the core, the clocks, the
+bus and the GPU thread (``gpus.py``), and carries out what the core returns (``plans.py``:
+GPU writes, messages, log lines, systemd's status). The telemetry loop is
+``publisher.py``'s, the broker-silence watch ``silence.py``'s, the assignment source
+``assign/sources.py``'s. The start-up and shutdown orders are in the package's docstring.
 
 Tasks (all under ``aiokit.guard``): ``mqtt`` (the bus; outlives the rest so the final
-status goes out), ``sampler`` (10 Hz), ``controller`` (woken by each tick, accepted control
-message and policy change), ``publisher`` (reads the GPUs' health counters, publishes
-telemetry and hands the interval's points to the sinks: ``/metrics`` when
-``metrics.address`` is set), ``sinks`` (when any), and ``polca.service``'s side
-tasks. The bus hands each received message to ``handle_message`` on arrival (through
-``core.receive``, which never raises).
-
-Shutdown order: stop the loops -> leave the GPUs as the end requires (``core.plan_stop``:
-``on_stop`` after a clean stop, the fail-safe after any other end; carried out by
-``gpus.carry_out_stop``, shielded, bounded) ->
-publish the final state and an ``offline`` status, flush (bounded) -> close the GPU
-backend -> note how the run ended.
+status goes out), ``sampler``, ``controller`` (woken by each tick, accepted control message
+and policy change), ``publisher``, ``sinks`` (when any), ``broker-silence`` and
+``assignment`` (when configured), and ``polca.service``'s side tasks. The bus hands each
+received message to ``handle_message`` on arrival (``core.receive`` never raises).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from polca import aiokit, service
-from polca.agent import messages, policy_copy
+from polca.agent import messages, policy_copy, silence
 from polca.agent.actuator import ApplyResult
 from polca.agent.core import AgentCore
 from polca.agent.gpus import NodeGpus
 from polca.agent.plans import Effects
-from polca.agent.points import agent_points
-from polca.agent.silence import SilenceWatch
-from polca.agent.window import TelemetryWindow
+from polca.agent.publisher import TelemetryPublisher
+from polca.agent.silence import watch_for
 from polca.assign.model import AssignmentUpdate
-from polca.errors import GpuError
+from polca.assign.rules import gpu_keys
+from polca.assign.sources import task_for
 from polca.exits import ExitRecord
-from polca.export.points import mqtt_points
 from polca.export.sink import FanOut, Sink
 from polca.gpu.backend import GpuBackend, GpuSample
 from polca.gpu.threaded import ThreadedGpu
@@ -58,7 +41,6 @@ from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 from polca.settings import Settings
 from polca.telemetry.bus import Bus, BusFactory, InMessage, MqttBus, OutMessage
-from polca.telemetry.schema import Telemetry
 from polca.telemetry.topics import NodeAddress, Topics
 
 
@@ -102,16 +84,24 @@ class Agent:
         self.reload_requested = asyncio.Event()
         self.stop_requested = asyncio.Event()
         self.started_mono_ns = mono_ns()
-        self.ticks = 0
-        self.tick_durations_s: deque[float] = deque(maxlen=1000)
-        self.window: TelemetryWindow | None = None
         self.bus: Bus | None = None
+        self.telemetry = TelemetryPublisher(
+            self.core,
+            self.gpus,
+            sinks=self.sinks,
+            site=t.site,
+            carry_out=self._carry_out,
+            bus_stats=lambda: self.bus.stats if self.bus is not None else None,
+            clock_ns=clock_ns,
+            mono_ns=mono_ns,
+            log=self.log,
+        )
         self._wake = asyncio.Event()
         self.reloader = service.PolicyReloader(
             store=policy_store,
             notifier=self.notifier,
             log=self.log,
-            status_line=self._status_line,
+            status_line=self.core.status_line,
             on_rejected=self._policy_rejected,
             on_changed=self._policy_changed,
         )
@@ -143,7 +133,7 @@ class Agent:
         self._carry_out(
             self.core.discovered(infos, grace_until_mono_ns=self.started_mono_ns + grace_ns)
         )
-        self.window = TelemetryWindow(dict(self.core.infos))
+        self.telemetry.start()
         samples = list((await self._sample_once()).values())
         self.core.adopt(samples)
         self.core.remote_policy = policy_copy.load_at_start(
@@ -174,7 +164,7 @@ class Agent:
 
     async def _supervise(self) -> None:
         assert self.bus is not None  # noqa: S101 - made by start()
-        self.notifier.ready(self._status_line())
+        self.notifier.ready(self.core.status_line())
         a = self.settings.agent
         # Each received message is handled on arrival (``handle_message`` never raises): a
         # control message reaches the controller without waiting in a queue for a task.
@@ -186,7 +176,7 @@ class Agent:
                 "controller": self._controller(),
                 "publisher": aiokit.every(
                     a.publish_interval_s,
-                    self._publish_telemetry_once,
+                    self.telemetry.once,
                     first_after_s=a.publish_interval_s,
                 ),
                 **({"sinks": self.sinks.run()} if self.sinks else {}),
@@ -214,13 +204,15 @@ class Agent:
             self.bus.set_handler(None)  # stopping: no message starts another control step
         reason = await self._leave_gpus(clean=clean)
         if self.bus is not None:
-            try:
-                async with asyncio.timeout(2.0):
-                    await self.bus.close(final=[self._status_message("offline", reason=reason)])
-            except TimeoutError:
-                self.log.warning("final_status_not_sent")
+            final = [self._status_message("offline", reason=reason)]
+            await service.bounded(
+                self.bus.close(final=final),
+                service.STOP_BOUNDS.final_messages_s,
+                "final_status_not_sent",
+                self.log,
+            )
         if self.sinks:
-            await self.sinks.close(timeout_s=1.0)
+            await self.sinks.close(timeout_s=service.STOP_BOUNDS.sinks_s)
 
     async def _leave_gpus(self, *, clean: bool) -> str:
         """Leave the GPUs as the end of control requires; the reason for the final status."""
@@ -241,15 +233,11 @@ class Agent:
         """Emit what the core asked for: its log lines, its messages, systemd's status."""
         for line in effects.logs:
             getattr(self.log, line.level)(line.event, **line.fields)
-        for message in effects.messages:
-            if message.topic == self._status_topic and not self._connected():
-                continue  # the next connection's birth carries the status as it is then
+        connected = self.bus is not None and self.bus.connected.is_set()
+        for message in effects.to_send(status_topic=self._status_topic, connected=connected):
             self._publish(message)
         if effects.status_line is not None:
             self.notifier.status(effects.status_line)
-
-    def _connected(self) -> bool:
-        return self.bus is not None and self.bus.connected.is_set()
 
     def _publish(self, message: OutMessage) -> None:
         # Before the bus exists (start-up), a message has nowhere to go: dropped.
@@ -260,40 +248,21 @@ class Agent:
         return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
 
     def _silence_watch(self) -> dict[str, Coroutine[Any, Any, None]]:
-        """With several broker endpoints, the loop that leaves a silent one."""
-        silence_s = self.settings.agent.control_silence_failover_s
-        bus = self.bus
-        if silence_s is None or bus is None or not isinstance(bus, MqttBus):
+        """With several broker endpoints, the loop that leaves a silent one (``silence.py``)."""
+        bus, silence_s = self.bus, self.settings.agent.control_silence_failover_s
+        watch = watch_for(silence_s, bus.endpoint_count) if bus is not None else None
+        if bus is None or watch is None:
             return {}
-        if bus.endpoint_count < 2:  # one broker: nowhere to go
-            return {}
-        watch = SilenceWatch(silence_s)
 
-        def look() -> None:
-            stats = bus.stats
-            reason = watch.check(
-                self.mono_ns(),
-                connects=stats.connects,
-                connected=stats.endpoint is not None,
-                heard_ns=self.core.intake.last_control_mono_ns,
-            )
-            if reason is not None:
-                self.log.warning("broker_silent_moving_on", endpoint=stats.endpoint, why=reason)
-                bus.move_on(reason)
+        def once() -> None:
+            heard_ns = self.core.intake.last_control_mono_ns
+            silence.look(watch, bus, now_ns=self.mono_ns(), heard_ns=heard_ns, log=self.log)
 
-        return {"broker-silence": aiokit.every(1.0, look)}
+        return {"broker-silence": aiokit.every(1.0, once)}
 
     def _birth(self) -> list[OutMessage]:
-        """What every new connection publishes first: the status (naming the endpoint)
-        and the state."""
-        self.core.mqtt_endpoint = self.bus.stats.endpoint if self.bus is not None else None
-        return [self._status_message("online"), self._state_message()]
-
-    def _state_message(self) -> OutMessage:
-        return self.core.state_message(now_ns=self.clock_ns(), now_mono_ns=self.mono_ns())
-
-    def _status_line(self) -> str:
-        return self.core.status_line()
+        endpoint = self.bus.stats.endpoint if self.bus is not None else None
+        return self.core.birth(endpoint, now_ns=self.clock_ns(), now_mono_ns=self.mono_ns())
 
     # ------------------------------------------------------------------ loops
 
@@ -309,11 +278,7 @@ class Agent:
         """One sampling tick: read every GPU, then wake the controller."""
         start = time.perf_counter()
         samples = await self._sample_once()
-        assert self.window is not None  # noqa: S101 - set in _startup
-        for sample in samples.values():
-            self.window.add(sample)
-        self.ticks += 1
-        self.tick_durations_s.append(time.perf_counter() - start)
+        self.telemetry.sampled(samples.values(), duration_s=time.perf_counter() - start)
         self._wake.set()
 
     async def _controller(self) -> None:
@@ -341,73 +306,6 @@ class Agent:
         self._carry_out(applied.effects)
         return applied.result
 
-    async def _publish_telemetry_once(self) -> None:
-        await self.read_health()
-        try:
-            message = self.publish_telemetry()
-        except ValueError as exc:  # pydantic's ValidationError: readings out of bounds
-            self._carry_out(self.core.telemetry_invalid(str(exc), now_mono_ns=self.mono_ns()))
-            return
-        if self.sinks:
-            self.write_points(message)
-
-    async def read_health(self) -> None:
-        """Read every GPU's health counters (once per telemetry interval)."""
-        indices = [i for i in sorted(self.core.infos) if i not in self.core.lost]
-        if not indices:
-            return
-        try:
-            results = await self.gpus.read_health(indices)
-        except GpuError as exc:  # the GPU thread is stuck: the counters wait for it
-            self.log.warning("gpu_health_unread", error=str(exc))
-            return
-        self._carry_out(self.core.note_health(indices, results, now_ns=self.clock_ns()))
-
-    def publish_telemetry(self) -> Telemetry:
-        """Build and queue one telemetry message from the samples since the last one."""
-        assert self.window is not None  # noqa: S101 - set in _startup
-        stats = self.gpus.gpu.stats()
-        health = messages.Health.of(
-            ticks=self.ticks,
-            tick_durations_s=self.tick_durations_s,
-            gpu_call_p99_s=stats.get("latency_p99_s"),
-            bus=self.bus.stats if self.bus is not None else None,
-            rejected=self.core.drops.total,
-            gpu_errors=int(stats.get("errors", 0)),
-        )
-        message, effects = self.core.telemetry(
-            self.window,
-            health=health,
-            now_ns=self.clock_ns(),
-            now_s=asyncio.get_running_loop().time(),
-        )
-        self._carry_out(effects)
-        return message
-
-    def write_points(self, message: Telemetry) -> None:
-        """Hand the interval's points (GPUs, health, caps, the agent) to the sinks."""
-        now_mono_ns = self.mono_ns()
-        batch = agent_points(
-            self.core.snapshot(),
-            message,
-            lease=self.core.lease(now_mono_ns),
-            site=self.settings.topics.site,
-            health=self.core.health.reports,
-            gpu_errors=message.health.gpu_errors,
-            now_mono_ns=now_mono_ns,
-        )
-        if self.bus is not None:
-            batch.extend(
-                mqtt_points(
-                    {"mqtt": self.bus.stats},
-                    ts_ns=message.ts_ns,
-                    site=self.settings.topics.site,
-                    role="agent",
-                    name=self.core.addr.node,
-                )
-            )
-        self.sinks.write(batch)
-
     def handle_message(self, message: InMessage) -> None:
         """Act on one received message; count and drop a bad one. Never raises."""
         received = self.core.receive(message)
@@ -427,66 +325,24 @@ class Agent:
             self._wake.set()
 
     def _assignment_tasks(self) -> dict[str, Coroutine[Any, Any, object]]:
-        """The task of the configured assignment source (none for MQTT: messages)."""
-        source = self.settings.assignment
-        if source.source == "kubernetes":
-            return {"assignment": self._kubernetes_assignment()}
-        if source.source == "file" and source.file is not None:
-            from polca.assign.filesource import watch_assignment  # noqa: PLC0415
-
-            return {
-                "assignment": watch_assignment(
-                    source.file,
-                    self.core.addr.node,
-                    self.assigned,
-                    debounce_s=self.settings.agent.policy_reload_debounce_s,
-                )
-            }
-        return {}
-
-    async def _kubernetes_assignment(self) -> None:
-        """Pod-resources and the pods' metadata, joined every refresh (``assign/``)."""
-        from polca.assign.kubeapi import KubeApiConfig, PodWatcher  # noqa: PLC0415
-        from polca.assign.kubernetes import KubernetesSource, node_name_of  # noqa: PLC0415
-        from polca.assign.podresources import PodResourcesClient  # noqa: PLC0415
-        from polca.assign.rules import Classes, gpu_keys  # noqa: PLC0415
-
-        k = self.settings.assignment.kubernetes
-        in_cluster = k.api_url is None
-        api = KubeApiConfig(
-            in_cluster=in_cluster,
-            api_url=k.api_url,
-            token_file=None if in_cluster else k.token_file,
-            ca_file=None if in_cluster else k.ca_file,
-            allow_http=k.allow_http,
+        """The configured assignment source's task (``assign/sources.py``)."""
+        task = task_for(
+            self.settings.assignment,
+            node=self.core.addr.node,
+            debounce_s=self.settings.agent.policy_reload_debounce_s,
+            on_update=self.assigned,
+            gpus=lambda: gpu_keys(self.core.infos.values()),
+            classes=self.core.policy_classes,
         )
-        source = KubernetesSource(
-            k,
-            devices=PodResourcesClient(
-                k.pod_resources_socket, resource_prefixes=k.resource_prefixes
-            ),
-            pods=PodWatcher(node_name_of(k), api),
-        )
-
-        def classes() -> Classes:
-            policy = self.core.policy.policy
-            return Classes(tuple(policy.classes), policy.default_class)
-
-        await source.run(
-            self.assigned, gpus=lambda: gpu_keys(self.core.infos.values()), classes=classes
-        )
+        return {"assignment": task} if task is not None else {}
 
     # ------------------------------------------------------------------ policy
 
     def reload_policy(self, *, trigger: str) -> bool:
         """Reload the policy file; keep the last good policy when the new one is invalid."""
-        if self.core.remote_policy:
-            self.log.warning(
-                "policy_file_ignored",
-                trigger=trigger,
-                reason="the aggregator's policy is in force",
-                revision=self.core.policy.revision,
-            )
+        ignored = self.core.policy_file_ignored(trigger)
+        if ignored is not None:
+            self._carry_out(ignored)
             return False
         return self.reloader.reload(trigger=trigger)
 

@@ -1,12 +1,25 @@
 """When an agent leaves a broker endpoint that is connected but carries no control.
 
-Pure: the runtime (``runtime.py``) feeds it the time and the bus's counters once a second
-and calls ``MqttBus.move_on`` with the reason it returns.
+Pure: ``watch_for`` says whether to watch at all; the runtime (``runtime.py``) feeds the
+watch the time and the bus's counters once a second and calls ``Bus.move_on`` with the
+reason it returns.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from polca.telemetry.bus import Bus
+
 _MAX_SILENCE_S = 300.0
+
+
+def watch_for(silence_s: float | None, endpoint_count: int) -> SilenceWatch | None:
+    """The watch an agent runs: none without ``agent.control_silence_failover_s`` or with
+    a single broker endpoint (nowhere to move to)."""
+    if silence_s is None or endpoint_count < 2:
+        return None
+    return SilenceWatch(silence_s)
 
 
 class SilenceWatch:
@@ -40,3 +53,23 @@ class SilenceWatch:
         self.since_ns = now_ns  # one move per silence
         self.silence_ns = min(self.silence_ns * 2, int(_MAX_SILENCE_S * 1e9))
         return f"no control for {(now_ns - last_ns) / 1e9:.0f} s"
+
+
+def look(
+    watch: SilenceWatch,
+    bus: Bus,
+    *,
+    now_ns: int,
+    heard_ns: int | None,
+    log: Any,
+) -> str | None:
+    """One look at ``bus`` (the agent's once a second): move it on when ``watch`` says
+    so, with a warning naming the endpoint left and why. The reason, or None."""
+    stats = bus.stats
+    reason = watch.check(
+        now_ns, connects=stats.connects, connected=stats.endpoint is not None, heard_ns=heard_ns
+    )
+    if reason is not None:
+        log.warning("broker_silent_moving_on", endpoint=stats.endpoint, why=reason)
+        bus.move_on(reason)
+    return reason

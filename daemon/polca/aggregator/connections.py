@@ -17,7 +17,7 @@ runs and closes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from polca.aggregator.config import AggregatorSettings
@@ -34,9 +34,11 @@ __all__ = [
     "Subscriptions",
     "client_id",
     "elector",
+    "intake_cut",
     "intake_plan",
     "make_buses",
     "move_node",
+    "resubscribe",
 ]
 
 
@@ -159,3 +161,20 @@ def elector(
         on_change=on_change,
         mono_ns=mono_ns,
     )
+
+
+def intake_cut(control: Bus | None, intake: Mapping[str, Bus]) -> bool:
+    """Whether any connection is without its subscriptions now: after a failover the
+    broker may take seconds (a cluster electing) to grant them, and nothing flows in on
+    that connection till then, so the rows' inputs are cut (``RowSet.intake_cut``)."""
+    buses = (control, *intake.values())
+    return any(bus is not None and not bus.subscribed.is_set() for bus in buses)
+
+
+def resubscribe(intake: Mapping[str, Bus], moved: NodeMove) -> None:
+    """Carry out a node's move: each changed connection subscribes its new topics (none
+    exist before the aggregator started)."""
+    for name, subscriptions in moved.resubscribe.items():
+        bus = intake.get(name)
+        if bus is not None:
+            bus.resubscribe(subscriptions)

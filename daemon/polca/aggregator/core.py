@@ -353,8 +353,13 @@ class AggregatorCore:
 
     # ------------------------------------------------------------------ messages out
 
-    def status_message(self, state: str, *, now_ns: int, reason: str | None = None) -> OutMessage:
-        """The aggregator's retained status (with its shard's leadership under ``ha``)."""
+    def status_message(
+        self, state: str, *, now_ns: int, reason: str | None = None, endpoint: str | None = None
+    ) -> OutMessage:
+        """The aggregator's retained status (with its shard's leadership under ``ha``);
+        ``endpoint``: the control connection's broker endpoint, kept for ``polca status``."""
+        if endpoint is not None:
+            self.mqtt_endpoint = endpoint
         s = self.settings
         return messages.status(
             self.topics,

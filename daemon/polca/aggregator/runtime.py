@@ -188,27 +188,24 @@ class Aggregator:
         Control messages stay retained: agents keep the last level until the lease ends,
         then apply their fail-safe caps (a restarted aggregator takes over from them).
         """
+        bounds, log = service.STOP_BOUNDS, self.log
         self.notifier.stopping()
         if self.bmc is not None:  # caps in force stay: a restarted leader takes over
-            await self._bounded(self.bmc.close(), 2.0, "bmc_sessions_not_closed")
+            await service.bounded(
+                self.bmc.close(), bounds.session_s, "bmc_sessions_not_closed", log
+            )
         if self.elector is not None:
             # A standby leads at its next campaign.
-            await self._bounded(self.elector.resign(), 2.0, "leadership_not_resigned")
+            resign = self.elector.resign()
+            await service.bounded(resign, bounds.session_s, "leadership_not_resigned", log)
             await self.elector.client.close()
-        await self.sinks.close(timeout_s=5.0)
+        await self.sinks.close(timeout_s=bounds.sinks_s)
         for bus in self.intake_buses.values():
-            await self._bounded(bus.close(), 1.0, "intake_connection_not_closed")
+            await service.bounded(bus.close(), bounds.intake_s, "intake_connection_not_closed", log)
         if self.bus is not None:
             final = self._status_message("offline", reason="stopped" if clean else "failed")
-            await self._bounded(self.bus.close(final=[final]), 3.0, "final_status_not_sent")
-
-    async def _bounded(self, step: _Task, timeout_s: float, event: str) -> None:
-        """One step of the shutdown, abandoned (logged as ``event``) after ``timeout_s``."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await step
-        except TimeoutError:
-            self.log.warning(event)
+            close = self.bus.close(final=[final])
+            await service.bounded(close, bounds.final_messages_s, "final_status_not_sent", log)
 
     # ------------------------------------------------------------------ messages out
 
@@ -217,9 +214,11 @@ class Aggregator:
             self.bus.publish_nowait(message)
 
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
-        if self.bus is not None:  # the endpoint is known before the bus says it is connected
-            self.core.mqtt_endpoint = self.bus.stats.endpoint
-        return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
+        # The endpoint is known before the bus says it is connected (the birth's status).
+        endpoint = self.bus.stats.endpoint if self.bus is not None else None
+        return self.core.status_message(
+            state, now_ns=self.clock_ns(), reason=reason, endpoint=endpoint
+        )
 
     def _publish_status(self) -> None:
         """The status now, when connected; otherwise the next connection's birth carries
@@ -247,10 +246,7 @@ class Aggregator:
         received = self.core.receive(message, received_s=received_s, now_s=now_s, writing=writing)
         try:
             for moved in received.moves:
-                for name, subscriptions in moved.resubscribe.items():
-                    bus = self.intake_buses.get(name)  # none before start()
-                    if bus is not None:
-                        bus.resubscribe(subscriptions)
+                connections.resubscribe(self.intake_buses, moved)
                 self._event(
                     f"node_{moved.kind}", row=moved.row, node=moved.node, connection=moved.shared
                 )
@@ -295,10 +291,7 @@ class Aggregator:
     def control_step(self, now_s: float) -> StepResult | None:
         """Run one control step (``AggregatorCore.step``); publish and write what it
         decided. Never raises: a failed step publishes nothing and is retried."""
-        buses = (self.bus, *self.intake_buses.values())
-        # Cut until subscribed again: after a failover the broker may take seconds (a
-        # cluster electing) to grant the subscriptions, and nothing flows in till then.
-        cut = any(bus is not None and not bus.subscribed.is_set() for bus in buses)
+        cut = connections.intake_cut(self.bus, self.intake_buses)
         self.core.rows.intake_cut(cut=cut, now_s=now_s)
         stepped = self.core.step(now_s, now_ns=self.clock_ns(), now_mono_ns=self.mono_ns())
         if stepped is None:
@@ -307,12 +300,7 @@ class Aggregator:
             self._publish(message)
         if self.bmc is not None:
             for target in stepped.oob:
-                self.log.warning(
-                    "oob_cap_wanted" if target.watts is not None else "oob_release_wanted",
-                    node=target.node,
-                    watts=target.watts,
-                    reason=target.reason,
-                )
+                self._log_line(*target.log_line())
                 self.bmc.want(target)
         for decision in stepped.changed:
             self.log.info("level_changed", **decision.audit)
@@ -326,6 +314,9 @@ class Aggregator:
                 self.sinks.write(batch)
         return stepped.result
 
+    def _log_line(self, level: str, event: str, fields: dict[str, object]) -> None:
+        getattr(self.log, level)(event, **fields)
+
     def _bus_stats(self) -> dict[str, BusStats]:
         """Each MQTT connection's counters, by name (``control`` and the intake ones)."""
         buses = {"control": self.bus, **self.intake_buses}
@@ -333,19 +324,7 @@ class Aggregator:
 
     def _oob_outcome(self, outcome: OobOutcome) -> None:
         """One out-of-band write ended: log it, publish the event, write the point."""
-        ok = outcome.error is None and outcome.verified
-        how = "applied" if ok else "failed"
-        emit = self.log.warning if outcome.action == "cap" or not ok else self.log.info
-        emit(
-            f"oob_{outcome.action}_{how}",
-            node=outcome.node,
-            target_w=outcome.target_w,
-            limit_w=outcome.limit_w,
-            verified=outcome.verified,
-            error=outcome.error,
-            reason=outcome.reason,
-            latency_s=outcome.latency_s,
-        )
+        self._log_line(*outcome.log_line())
         event, point = self.core.oob_reported(outcome, now_ns=self.clock_ns())
         self._publish(event)
         if self.sinks:

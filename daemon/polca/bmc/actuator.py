@@ -85,6 +85,28 @@ class OobOutcome:
     latency_s: float
     """From the target being set to this outcome."""
 
+    @property
+    def ok(self) -> bool:
+        """Written without error and read back as written."""
+        return self.error is None and self.verified
+
+    def log_line(self) -> tuple[str, str, dict[str, object]]:
+        """How the aggregator logs it: (level, event, fields). A cap, or any write that
+        failed, is a warning (someone should know a BMC holds a node); a verified release
+        is info."""
+        level = "warning" if self.action == "cap" or not self.ok else "info"
+        event = f"oob_{self.action}_{'applied' if self.ok else 'failed'}"
+        fields: dict[str, object] = {
+            "node": self.node,
+            "target_w": self.target_w,
+            "limit_w": self.limit_w,
+            "verified": self.verified,
+            "error": self.error,
+            "reason": self.reason,
+            "latency_s": self.latency_s,
+        }
+        return level, event, fields
+
 
 @dataclass(slots=True)
 class _Node:

@@ -58,6 +58,12 @@ class OobTarget:
     watts: float | None
     reason: str
 
+    def log_line(self) -> tuple[str, str, dict[str, object]]:
+        """How the aggregator logs wanting it: (level, event, fields); always a warning,
+        since either way a node's agent could not be relied on."""
+        event = "oob_cap_wanted" if self.watts is not None else "oob_release_wanted"
+        return "warning", event, {"node": self.node, "watts": self.watts, "reason": self.reason}
+
 
 def agent_cannot(state: NodeState) -> bool:
     """Whether the node's agent cannot be relied on to cap it."""

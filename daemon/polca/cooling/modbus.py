@@ -1,8 +1,10 @@
-"""Poll a CDU over Modbus TCP: the only module that imports ``pymodbus``.
+"""Poll a CDU over Modbus TCP: ``ModbusCduPoller``.
 
 Why it exists: most CDUs in the field speak Modbus TCP, not MQTT. ``ModbusCduPoller``
-reads the registers of a register map (``polca.cooling.registers``) in as few requests as
-the map allows, decodes them and returns a ``CduTelemetry``, which ``run_poller``
+reads the registers of a CDU's register map (``polca.cooling.registers``) in as few
+requests as the map allows (``polca.modbus.registers.plan_reads``), over a
+``polca.modbus.client.RegisterClient`` (``PymodbusClient`` unless a test gives another),
+decodes them and returns a ``CduTelemetry``, which ``run_poller``
 (``polca.cooling.publisher``) publishes like any CDU's own telemetry.
 
 How it fails:
@@ -14,9 +16,8 @@ How it fails:
   exponential backoff that follows raise at once, without touching the network.
 - An outage is logged once (``modbus_unreachable``, warning) and its end once
   (``modbus_recovered``, info, with its length); the failed polls between are debug.
-- A device that rejects a read as an illegal function, address or value (Modbus exception
-  codes 1-3) is answering, but the map does not fit it: ``ConfigError``. Other exception
-  codes (busy, gateway) are transient: ``TransportError``.
+- A device that rejects the map (exception codes 1-3, ``polca.modbus.client``) raises
+  ``ConfigError``; other exception codes (busy, gateway) are transient: ``TransportError``.
 - A response of the wrong length (fewer or more registers than asked for) or with words
   outside 16 bits is a failed poll like a timeout (``TransportError``, counted in
   ``bad_responses`` and ``failures``): the connection is dropped, as the framing can no
@@ -24,7 +25,7 @@ How it fails:
 - A value that cannot be decoded (NaN, infinite, out of bounds, unknown state code) leaves
   its field out (states take their conservative value), is counted (``invalid_values``)
   and is logged once until it is good again (``modbus_value_invalid``). Decoding is total
-  (``polca.cooling.registers``): no register value raises.
+  (``polca.modbus.registers``): no register value raises.
 
 What it must not do: publish (the publisher does), or sleep between polls (the caller
 schedules them).
@@ -36,152 +37,25 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import structlog
-from pymodbus.client import AsyncModbusTcpClient
-from pymodbus.exceptions import ModbusException
-from pymodbus.pdu import ExceptionResponse
 
 from polca.cooling.outage import Outage
-from polca.cooling.registers import (
-    DecodeProblem,
-    ModbusCduConfig,
-    ReadBlock,
-    Table,
-    assemble,
-    decode_point,
-    plan_reads,
-)
+from polca.cooling.registers import ModbusCduConfig, assemble
 from polca.errors import ConfigError, TransportError
+from polca.modbus.client import PymodbusClient, RegisterClient
+from polca.modbus.registers import DecodeProblem, ReadBlock, decode_point, plan_reads
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from polca.telemetry.schema import CduTelemetry
 
-__all__ = [
-    "ClientFactory",
-    "ModbusCduPoller",
-    "ModbusDevice",
-    "PymodbusClient",
-    "RegisterClient",
-]
-
-# Modbus exception codes meaning "your request does not fit me": illegal function, data
-# address, data value. Retrying the same map cannot help.
-_MAP_ERRORS = frozenset({1, 2, 3})
-
-
-class RegisterClient(Protocol):
-    """The seam to a Modbus device: connect, read registers, close."""
-
-    async def connect(self) -> None:
-        """Open the connection; raise ``TransportError`` if the device is unreachable."""
-
-    async def read(self, table: Table, address: int, count: int) -> Sequence[int]:
-        """``count`` registers of ``table`` from ``address``.
-
-        Raises ``TransportError`` on a connection problem and ``ConfigError`` when the
-        device rejects the request as not fitting it (exception codes 1-3).
-        """
-
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
-
+__all__ = ["ClientFactory", "ModbusCduPoller"]
 
 ClientFactory = Callable[[ModbusCduConfig], RegisterClient]
-
-
-class ModbusDevice(Protocol):
-    """Where a Modbus TCP device is (a CDU's map, a meter's): what a client needs."""
-
-    @property
-    def host(self) -> str:
-        """The device's (or gateway's) address."""
-        ...
-
-    @property
-    def port(self) -> int:
-        """Its Modbus TCP port."""
-        ...
-
-    @property
-    def device_id(self) -> int:
-        """The Modbus unit / device id."""
-        ...
-
-    @property
-    def timeout_s(self) -> float:
-        """Bound on connect and each read."""
-        ...
-
-
-class PymodbusClient:
-    """``RegisterClient`` over pymodbus' ``AsyncModbusTcpClient``, with its retries off."""
-
-    def __init__(self, config: ModbusDevice) -> None:
-        """Prepare a client for ``config``'s device (no I/O)."""
-        self._config = config
-        self._where = f"{config.host}:{config.port}"
-        # reconnect_delay=0: no reconnect inside the client; retries=0: one try per read.
-        self._client = AsyncModbusTcpClient(
-            config.host,
-            port=config.port,
-            timeout=config.timeout_s,
-            retries=0,
-            reconnect_delay=0,
-            name=f"polca-{config.host}:{config.port}",
-        )
-
-    async def connect(self) -> None:
-        """Connect; ``TransportError`` when the device does not answer."""
-        try:
-            connected = await self._client.connect()
-        except (OSError, ModbusException) as exc:
-            msg = f"cannot connect to Modbus device {self._where}: {exc}"
-            raise TransportError(msg) from exc
-        if not connected:
-            msg = f"cannot connect to Modbus device {self._where}"
-            raise TransportError(msg)
-
-    async def read(self, table: Table, address: int, count: int) -> Sequence[int]:
-        """Read holding (function 3) or input (function 4) registers."""
-        reader = (
-            self._client.read_holding_registers
-            if table == "holding"
-            else self._client.read_input_registers
-        )
-        try:
-            response = await reader(address, count=count, device_id=self._config.device_id)
-        except (OSError, ModbusException) as exc:
-            msg = (
-                f"Modbus read of {count} {table} registers at {address} from "
-                f"{self._where} failed: {exc}"
-            )
-            raise TransportError(msg) from exc
-        if isinstance(response, ExceptionResponse) or response.isError():
-            code = getattr(response, "exception_code", None)
-            msg = (
-                f"Modbus device {self._where} (device id {self._config.device_id}) rejected "
-                f"a read of {count} {table} registers at {address}: exception code {code}"
-            )
-            if code in _MAP_ERRORS:
-                msg += (
-                    "; the register map does not fit the device (check the addresses, "
-                    "tables and device_id)"
-                )
-                raise ConfigError(msg)
-            raise TransportError(msg)
-        registers = list(response.registers)
-        if len(registers) != count:
-            msg = f"Modbus device {self._where} returned {len(registers)} of {count} registers"
-            raise TransportError(msg)
-        return registers
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._client.close()
+"""Makes the client of one connection (``PymodbusClient``; tests script their own)."""
 
 
 class ModbusCduPoller:

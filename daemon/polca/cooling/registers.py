@@ -2,30 +2,24 @@
 
 Every CDU vendor lays out its Modbus registers differently; polca maps them onto one
 schema, ``CduTelemetry`` (named after Redfish ``CoolingUnit``), with a YAML register map
-(``deploy/cdu-modbus.example.yaml``, ``docs/cooling.md``). Each point names the register
-(table, address), its encoding (16- or 32-bit, signed or not, IEEE float, word order, one
-bit of a status word), a linear ``scale`` and ``offset`` in the device's unit, the
-device's unit (converted here: F to C, GPM to L/min, psi to kPa, W to kW ...), and the
-dotted ``CduTelemetry`` field it fills (``secondary.supply_temp_c``, ``pumps.0.state``).
+(``deploy/cdu-modbus.example.yaml``, ``docs/cooling.md``). Each point (``CduPoint``) is a
+``polca.modbus.registers.RegisterPoint`` (the register, its encoding, scale, offset and
+device unit) that names the dotted ``CduTelemetry`` field it fills
+(``secondary.supply_temp_c``, ``pumps.0.state``).
 
-This module is pure: it validates maps (``ConfigError`` for a bad one), plans the fewest
-register reads that cover a map (``plan_reads``) and turns register values into a
-``CduTelemetry`` (``assemble``). The network side is ``polca.cooling.modbus``.
+This module is pure: it validates maps (``ConfigError`` for a bad one) and turns decoded
+register values into a ``CduTelemetry`` (``assemble``). Planning the reads and decoding
+the registers are ``polca.modbus.registers``'; the poller is ``polca.cooling.modbus``.
 
-Decoding is total: ``decode_point`` returns a reading or a ``DecodeProblem`` for any
-register words (wrong count, words outside 16 bits, NaN or infinite floats, values outside
-the schema's bounds), never an exception, and a validated map fits the wire schema (names,
-pump and leak detector counts), so ``assemble`` of decoded values always validates. A map
-file is read through ``polca.yamlkit`` (bounded) and its floats must be finite.
+A validated map fits the wire schema (names, pump and leak detector counts), so
+``assemble`` of decoded values always validates. A map file is read through
+``polca.yamlkit`` (bounded) and its floats must be finite.
 """
 
 from __future__ import annotations
 
-import math
 import re
-import struct
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -33,61 +27,28 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from polca import yamlkit
 from polca.errors import ConfigError
+from polca.modbus.registers import (
+    MAX_REGISTERS_PER_READ,
+    DecodeProblem,
+    Quantity,
+    RegisterPoint,
+    WordOrder,
+)
 from polca.telemetry.schema import CduTelemetry
 
 __all__ = [
     "FIELD_PATTERNS",
-    "DecodeProblem",
+    "MAX_LEAK_DETECTORS",
+    "MAX_PUMPS",
+    "CduPoint",
     "ModbusCduConfig",
-    "ReadBlock",
-    "RegisterPoint",
     "assemble",
-    "decode_point",
     "load_map",
-    "plan_reads",
 ]
-
-RegisterType = Literal["uint16", "int16", "uint32", "int32", "float32"]
-Table = Literal["holding", "input"]
-WordOrder = Literal["big", "little"]
-Unit = Literal[
-    "C", "F", "K", "lpm", "gpm", "m3h", "lps", "kpa", "pa", "bar", "psi", "kw", "w", "pct"
-]
-Quantity = Literal["temperature", "flow", "pressure", "power", "percent", "state"]
 
 _NAME = r"^[A-Za-z0-9_.:-]+$"
 _NAME_CHARS = 128  # the wire schema's bound on a name
 _FIELD_CHARS = 64  # longest dotted field path accepted (leak_detectors.63.state is 23)
-_ENUM_CODES = 256  # raw codes of one state map
-_WIDTH = {"uint16": 1, "int16": 1, "uint32": 2, "int32": 2, "float32": 2}
-MAX_REGISTERS_PER_READ = 125  # Modbus limit of one read-registers request
-
-# Device unit -> (quantity, factor, offset) so that polca_value = raw * factor + offset.
-_UNITS: dict[str, tuple[Quantity, float, float]] = {
-    "C": ("temperature", 1.0, 0.0),
-    "F": ("temperature", 5.0 / 9.0, -32.0 * 5.0 / 9.0),
-    "K": ("temperature", 1.0, -273.15),
-    "lpm": ("flow", 1.0, 0.0),
-    "gpm": ("flow", 3.785411784, 0.0),  # US gallons per minute
-    "m3h": ("flow", 1000.0 / 60.0, 0.0),
-    "lps": ("flow", 60.0, 0.0),
-    "kpa": ("pressure", 1.0, 0.0),
-    "pa": ("pressure", 0.001, 0.0),
-    "bar": ("pressure", 100.0, 0.0),
-    "psi": ("pressure", 6.894757293168, 0.0),
-    "kw": ("power", 1.0, 0.0),
-    "w": ("power", 0.001, 0.0),
-    "pct": ("percent", 1.0, 0.0),
-}
-# Plausible bounds of each quantity in polca's units (the wire schema's own bounds).
-_BOUNDS: dict[Quantity, tuple[float, float]] = {
-    "temperature": (-60.0, 300.0),
-    "flow": (0.0, 100_000.0),
-    "pressure": (-1000.0, 10_000.0),
-    "power": (-100_000.0, 100_000.0),
-    "percent": (0.0, 100.0),
-}
-_PERCENT_SLACK = 0.5  # a valve at 100.3 % is read as 100 %, at 101 % as invalid
 
 _CONNECTOR = r"(?:secondary|primary)\."
 FIELD_PATTERNS: dict[str, Quantity] = {
@@ -137,35 +98,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class RegisterPoint(_Model):
+class CduPoint(RegisterPoint):
     """One reading: where it sits in the device and which CduTelemetry field it fills."""
 
     field: str = Field(
         max_length=_FIELD_CHARS,
         description="CduTelemetry dotted path, e.g. secondary.supply_temp_c.",
     )
-    address: int = Field(ge=0, le=65535, description="Register address (0-based, as on the wire).")
-    table: Table = Field("holding", description="holding (function 3) or input (function 4).")
-    type: RegisterType = Field("uint16", description="Encoding; 32-bit types use 2 registers.")
-    word_order: WordOrder | None = Field(
-        None, description="32-bit word order: big = high word first; default: the map's."
-    )
-    scale: float = Field(1.0, description="Multiplier applied to the raw value.")
-    offset: float = Field(0.0, description="Added after scaling (in the device's unit).")
-    unit: Unit | None = Field(
-        None, description="The device's unit, converted to polca's; default: polca's own."
-    )
-    bit: int | None = Field(
-        None, ge=0, le=31, description="Read one bit of an integer register (0 = LSB)."
-    )
-    enum: dict[int, str] | None = Field(
-        None, max_length=_ENUM_CODES, description="Raw value -> state, required for state fields."
-    )
-
-    @property
-    def width(self) -> int:
-        """Registers the point spans."""
-        return _WIDTH[self.type]
 
     @property
     def quantity(self) -> Quantity:
@@ -175,6 +114,11 @@ class RegisterPoint(_Model):
             msg = f"unknown field {self.field}"
             raise ValueError(msg)
         return quantity
+
+    @property
+    def unknown_state(self) -> str:
+        """The conservative state of the field: pump ``failed``, leak and status ``critical``."""
+        return _STATES[self.field.split(".")[0]][1]
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -187,31 +131,10 @@ class RegisterPoint(_Model):
                 "leak_detectors.N.state, status"
             )
             raise ValueError(msg)
-        if self.bit is not None and (self.type == "float32" or self.bit >= 16 * self.width):
-            msg = f"{self.field}: bit {self.bit} does not fit a {self.type} register"
-            raise ValueError(msg)
-        if quantity == "state":
-            if not self.enum:
-                msg = f"{self.field}: a state field needs an enum map (raw value -> state)"
-                raise ValueError(msg)
-            if self.type == "float32":
-                msg = f"{self.field}: a state field needs an integer register, not float32"
-                raise ValueError(msg)
-            allowed, _ = _STATES[self.field.split(".")[0]]
-            bad = sorted(set(self.enum.values()) - allowed)
-            if bad:
-                msg = f"{self.field}: states {bad} are not among {sorted(allowed)}"
-                raise ValueError(msg)
-            if self.unit is not None:
-                msg = f"{self.field}: a state field has no unit"
-                raise ValueError(msg)
-            return self
-        if self.enum is not None:
-            msg = f"{self.field}: enum is only for state fields"
-            raise ValueError(msg)
-        if self.unit is not None and _UNITS[self.unit][0] != quantity:
-            msg = f"{self.field}: unit {self.unit} is a {_UNITS[self.unit][0]}, not a {quantity}"
-            raise ValueError(msg)
+        states = _STATES[self.field.split(".")[0]][0] if quantity == "state" else frozenset()
+        problem = self.encoding_problem(quantity, states=states)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 
@@ -255,7 +178,7 @@ class ModbusCduConfig(_Model):
         max_length=MAX_LEAK_DETECTORS,
         description="Leak detector names by index; default leak1, leak2, ...",
     )
-    points: tuple[RegisterPoint, ...] = Field(min_length=1, max_length=1024)
+    points: tuple[CduPoint, ...] = Field(min_length=1, max_length=1024)
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -318,131 +241,6 @@ def load_map(raw: Mapping[str, Any] | Path, *, where: str = "") -> ModbusCduConf
         at = f" in {source}" if source else ""
         msg = f"invalid Modbus register map{at}: {problems}"
         raise ConfigError(msg) from exc
-
-
-@dataclass(frozen=True, slots=True)
-class ReadBlock:
-    """One read request: ``count`` registers of ``table`` from ``address``, and its points."""
-
-    table: Table
-    address: int
-    count: int
-    points: tuple[RegisterPoint, ...]
-
-
-def plan_reads(
-    points: Sequence[RegisterPoint],
-    *,
-    max_gap: int = 0,
-    max_count: int = MAX_REGISTERS_PER_READ,
-) -> tuple[ReadBlock, ...]:
-    """The fewest requests covering ``points``: contiguous (or overlapping) registers of
-    one table share a request, and so do registers at most ``max_gap`` apart, as long as
-    a request stays within ``max_count`` registers."""
-    blocks: list[ReadBlock] = []
-    ordered = sorted(points, key=lambda p: (p.table, p.address, p.width))
-    start = end = 0  # current block: registers [start, end)
-    members: list[RegisterPoint] = []
-    table: Table = "holding"
-    for point in ordered:
-        p_end = point.address + point.width
-        if (
-            members
-            and point.table == table
-            and point.address <= end + max_gap
-            and max(end, p_end) - start <= max_count
-        ):
-            members.append(point)
-            end = max(end, p_end)
-            continue
-        if members:
-            blocks.append(ReadBlock(table, start, end - start, tuple(members)))
-        table, start, end, members = point.table, point.address, p_end, [point]
-    if members:
-        blocks.append(ReadBlock(table, start, end - start, tuple(members)))
-    return tuple(blocks)
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeProblem:
-    """A register value that could not become a reading (the field is left out)."""
-
-    field: str
-    raw: float | int
-    reason: str
-
-
-def decode_point(
-    point: RegisterPoint, registers: Sequence[int], *, word_order: WordOrder = "big"
-) -> float | str | DecodeProblem:
-    """The value of ``point`` from its registers (``point.width`` of them, in wire order).
-
-    Numbers come back in polca's unit (C, L/min, kPa, kW, %), states as their name; an
-    unknown state code becomes the conservative state (pump ``failed``, leak and status
-    ``critical``) and a value outside the field's bounds, a float NaN or infinity, or
-    registers that are not ``point.width`` 16-bit words, a ``DecodeProblem``. Total: never
-    raises for any ``registers``.
-    """
-    bad = _bad_words(point, registers)
-    if bad is not None:
-        return bad
-    raw = _raw(point, registers, point.word_order or word_order)
-    if point.bit is not None and isinstance(raw, int):
-        raw = (raw >> point.bit) & 1
-    quantity = point.quantity
-    if quantity == "state":
-        assert point.enum is not None  # noqa: S101 - guaranteed by validation
-        state = point.enum.get(int(raw))
-        if state is None:
-            _, fallback = _STATES[point.field.split(".")[0]]
-            return DecodeProblem(point.field, raw, f"unknown state code, read as {fallback}")
-        return state
-    if isinstance(raw, float) and not math.isfinite(raw):
-        return DecodeProblem(point.field, raw, "not a number" if math.isnan(raw) else "infinite")
-    value = raw * point.scale + point.offset
-    if point.unit is not None:
-        _, factor, shift = _UNITS[point.unit]
-        value = value * factor + shift
-    if not math.isfinite(value):  # a huge scale can overflow a finite raw value
-        return DecodeProblem(point.field, raw, "overflows after scaling")
-    low, high = _BOUNDS[quantity]
-    if quantity == "percent" and low - _PERCENT_SLACK <= value <= high + _PERCENT_SLACK:
-        value = min(high, max(low, value))
-    if not low <= value <= high:
-        return DecodeProblem(point.field, raw, f"{value:g} is outside [{low:g}, {high:g}]")
-    return value
-
-
-def _bad_words(point: RegisterPoint, registers: Sequence[object]) -> DecodeProblem | None:
-    """A problem when ``registers`` are not ``point.width`` words of 16 bits.
-
-    Typed ``object``: a ``RegisterClient`` other than pymodbus' may hand back anything.
-    """
-    if len(registers) != point.width:
-        reason = f"expected {point.width} registers, got {len(registers)}"
-        return DecodeProblem(point.field, len(registers), reason)
-    for word in registers:
-        if isinstance(word, bool) or not isinstance(word, int) or not 0 <= word <= 0xFFFF:
-            if isinstance(word, int) and not isinstance(word, bool):
-                # str() of a huge int raises; the sign and bit length say enough
-                what = "negative" if word < 0 else f"{word.bit_length()} bits wide"
-                return DecodeProblem(point.field, -1, f"register value is {what}, not 16 bits")
-            reason = f"register value of type {type(word).__name__}, not a 16-bit word"
-            return DecodeProblem(point.field, -1, reason)
-    return None
-
-
-def _raw(point: RegisterPoint, registers: Sequence[int], word_order: WordOrder) -> int | float:
-    if point.width == 1:
-        word = registers[0] & 0xFFFF
-        return word - 0x10000 if point.type == "int16" and word & 0x8000 else word
-    high, low = (
-        (registers[0], registers[1]) if word_order == "big" else (registers[1], registers[0])
-    )
-    data = struct.pack(">HH", high & 0xFFFF, low & 0xFFFF)
-    fmt = {"uint32": ">I", "int32": ">i", "float32": ">f"}[point.type]
-    value: int | float = struct.unpack(fmt, data)[0]
-    return value
 
 
 def assemble(

@@ -165,9 +165,7 @@ async def _run(args: argparse.Namespace, settings: MeterSettings) -> None:
     from polca.service import serve_source  # noqa: PLC0415
     from polca.telemetry.bus import MqttBus  # noqa: PLC0415
 
-    bus = MqttBus(
-        settings.mqtt, client_id=settings.mqtt.client_id or f"polca-meter-{settings.site}"
-    )
+    bus = MqttBus(settings.mqtt, client_id=settings.client_id)
     loop = run_meter(
         bus,
         _rows(settings),

@@ -85,3 +85,14 @@ class MeterSettings(ProcessSettings):
     def read_bound_s(self) -> float:
         """The bound on one source's read."""
         return self.read_timeout_s if self.read_timeout_s is not None else 0.8 * self.interval_s
+
+    @property
+    def client_id(self) -> str:
+        """The broker client id: ``mqtt.client_id``, else ``polca-meter-<site>-<first row>``.
+
+        Two meter processes of one site (one per row, as with a broker user per row's
+        meter) read disjoint rows, so their first rows differ and neither evicts the
+        other's session; a process of no rows is ``polca-meter-<site>``.
+        """
+        first_row = "".join(f"-{row.row}" for row in self.rows[:1])
+        return self.mqtt.client_id or f"polca-meter-{self.site}{first_row}"

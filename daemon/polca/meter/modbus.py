@@ -1,11 +1,11 @@
 """A row power source read over Modbus TCP: a meter's (or PDU's) power registers.
 
 Many switchboard meters and some PDUs publish their active power in Modbus registers.
-The map is the CDU register map's machinery (``polca.cooling.registers``: encodings, word
-order, scale, offset, units, the fewest reads) with power points only: ``power.N``, each
-in ``w`` or ``kw``; the source's power is their sum (one point for a meter's total, one per
-phase or per feed otherwise). The connection is ``polca.cooling.modbus.PymodbusClient``
-(the one module that imports pymodbus).
+The map is polca's register decoding (``polca.modbus.registers``: encodings, word order,
+scale, offset, units, the fewest reads) with power points only: ``power.N``, each in ``w``
+or ``kw``; the source's power is their sum (one point for a meter's total, one per phase
+or per feed otherwise). The connection is ``polca.modbus.client.PymodbusClient`` (the one
+module that imports pymodbus).
 
 How it fails (``polca.meter.source``): no connection, a timeout, a response of the wrong
 length: ``TransportError`` (the connection is dropped, the next read reconnects); the
@@ -23,8 +23,10 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from polca.cooling.modbus import PymodbusClient, RegisterClient
-from polca.cooling.registers import (
+from polca.errors import ReadingRejectedError, TransportError
+from polca.meter.source import SourceReading
+from polca.modbus.client import PymodbusClient, RegisterClient
+from polca.modbus.registers import (
     MAX_REGISTERS_PER_READ,
     DecodeProblem,
     RegisterPoint,
@@ -32,8 +34,6 @@ from polca.cooling.registers import (
     decode_point,
     plan_reads,
 )
-from polca.errors import ReadingRejectedError, TransportError
-from polca.meter.source import SourceReading
 from polca.readings import checked_power_w
 
 __all__ = ["MeterPoint", "ModbusMeterConfig", "ModbusMeterSource"]

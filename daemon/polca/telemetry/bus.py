@@ -191,6 +191,11 @@ class Bus(Protocol):
         never blocks the caller."""
         ...
 
+    @property
+    def endpoint_count(self) -> int:
+        """How many broker endpoints it may connect to."""
+        ...
+
     def move_on(self, reason: str) -> None:
         """Leave the broker endpoint in use for the next one (none: nothing happens)."""
         ...

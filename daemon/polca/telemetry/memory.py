@@ -197,6 +197,11 @@ class MemoryBus:
         self.connected.clear()
         self._stop.set()
 
+    @property
+    def endpoint_count(self) -> int:
+        """One broker."""
+        return 1
+
     def move_on(self, reason: str) -> None:
         """One broker: nowhere to move."""
 
