@@ -33,10 +33,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy.test_mosquitto_roles import S_TOPOLOGY
-from tests.deploy.test_nats_roles import OBSERVER, READY, make_auth, role_grants
+from tests.deploy.test_nats_roles import OBSERVER, make_auth, roles_cluster
 from tests.mqtt_wire import SyncMqtt
-from tests.nats_cluster import DEPLOY_CONF, NatsAuth, NatsCluster
+from tests.nats_cluster import DEPLOY_CONF, NatsCluster
 from tests.services import free_port
 from tests.systemd_units import (
     CONTAINER_NOISE,
@@ -376,20 +375,7 @@ def identities(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[NatsCluster, dict[str, str]]]:
     """One TLS-only cluster with make-auth.py's users (as test_nats_roles), for the module."""
-    workdir = tmp_path_factory.mktemp("nats-identity")
-    config = workdir / "aggregator.yaml"
-    config.write_text(S_TOPOLOGY, encoding="utf-8")
-    grants = role_grants(config)
-    passwords: dict[str, str] = make_auth.passwords_in(workdir / "secrets", grants)
-    text: str = make_auth.auth_text(grants, passwords, source=str(config))
-    cluster = NatsCluster(
-        workdir / "cluster", auth=NatsAuth(text, READY, passwords[READY]), tls=True
-    )
-    try:
-        cluster.start_all()
-        yield cluster, passwords
-    finally:
-        cluster.kill_all()
+    yield from roles_cluster(tmp_path_factory.mktemp("nats-identity"))
 
 
 def _mqtt_clients(cluster: NatsCluster, index: int, state: str = "open") -> list[dict[str, Any]]:

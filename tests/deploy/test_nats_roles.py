@@ -129,10 +129,9 @@ def role_grants(config: Path) -> dict[str, Any]:
     return grants
 
 
-@pytest.fixture(scope="module")
-def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsCluster, dict[str, str]]]:
-    """One TLS-only cluster with the generated users (and the probes'), for the module."""
-    workdir = tmp_path_factory.mktemp("nats-roles")
+def roles_cluster(workdir: Path) -> Iterator[tuple[NatsCluster, dict[str, str]]]:
+    """A TLS-only cluster in ``workdir`` with make-auth.py's users for the strict topology
+    (and the probes'), with their passwords; killed when the generator closes."""
     config = workdir / "aggregator.yaml"
     config.write_text(S_TOPOLOGY, encoding="utf-8")
     grants = role_grants(config)
@@ -146,6 +145,12 @@ def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsCluste
         yield cluster, passwords
     finally:
         cluster.kill_all()
+
+
+@pytest.fixture(scope="module")
+def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsCluster, dict[str, str]]]:
+    """One TLS-only cluster with the generated users (and the probes'), for the module."""
+    yield from roles_cluster(tmp_path_factory.mktemp("nats-roles"))
 
 
 @asynccontextmanager

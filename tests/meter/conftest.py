@@ -1,4 +1,5 @@
-"""Fixtures of the meter tests: a real SNMP agent (snmpsim) on loopback."""
+"""Fixtures of the meter tests: a real SNMP agent (snmpsim) on loopback; the Modbus TCP
+stand-in of ``tests/modbus``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.modbus.conftest import modbus_server
 from tests.snmpsim import SnmpSimProcess, snmpsim_agent
+
+__all__ = ["modbus_server", "snmpsim", "snmpsim_own"]
 
 
 @pytest.fixture(scope="module")

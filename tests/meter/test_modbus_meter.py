@@ -6,7 +6,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from subprocess import PIPE
 
@@ -17,16 +16,6 @@ from polca.errors import ReadingRejectedError, TransportError
 from polca.meter.modbus import ModbusMeterConfig, ModbusMeterSource
 from tests.modbus.conftest import ModbusTestServer, words32
 from tests.mqtt_broker import free_port
-
-
-@pytest.fixture
-async def meter_device() -> AsyncIterator[ModbusTestServer]:
-    server = ModbusTestServer(free_port())
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 def _config(server: ModbusTestServer, **over: object) -> ModbusMeterConfig:
@@ -46,34 +35,34 @@ def _config(server: ModbusTestServer, **over: object) -> ModbusMeterConfig:
 
 
 async def test_power_registers_are_read_in_their_units_and_summed(
-    meter_device: ModbusTestServer,
+    modbus_server: ModbusTestServer,
 ) -> None:
-    await meter_device.set("holding", 0, [*words32(5200, "uint32"), *words32(4.8, "float32")])
-    source = ModbusMeterSource(_config(meter_device))
+    await modbus_server.set("holding", 0, [*words32(5200, "uint32"), *words32(4.8, "float32")])
+    source = ModbusMeterSource(_config(modbus_server))
     try:
         reading = await source.read()
         assert reading.power_w == pytest.approx(10_000.0, abs=0.01)
         assert reading.detail == "sum of 2 power registers"
-        assert len(meter_device.reads) == 1  # contiguous registers: one request
+        assert len(modbus_server.reads) == 1  # contiguous registers: one request
     finally:
         await source.close()
 
 
 async def test_a_nan_or_negative_register_is_rejected_not_used(
-    meter_device: ModbusTestServer,
+    modbus_server: ModbusTestServer,
 ) -> None:
-    await meter_device.set(
+    await modbus_server.set(
         "holding", 0, [*words32(100, "uint32"), *words32(float("nan"), "float32")]
     )
-    source = ModbusMeterSource(_config(meter_device))
+    source = ModbusMeterSource(_config(modbus_server))
     try:
         with pytest.raises(ReadingRejectedError) as nan:
             await source.read()
         assert nan.value.reason == "nan"
         signed = _config(
-            meter_device, points=[{"field": "power.0", "address": 4, "type": "int32", "unit": "w"}]
+            modbus_server, points=[{"field": "power.0", "address": 4, "type": "int32", "unit": "w"}]
         )
-        await meter_device.set("holding", 4, words32(-5, "int32"))
+        await modbus_server.set("holding", 4, words32(-5, "int32"))
         negative = ModbusMeterSource(signed)
         with pytest.raises(ReadingRejectedError) as neg:
             await negative.read()
@@ -84,16 +73,16 @@ async def test_a_nan_or_negative_register_is_rejected_not_used(
 
 
 async def test_an_unreachable_meter_is_a_transport_error_and_recovers(
-    meter_device: ModbusTestServer,
+    modbus_server: ModbusTestServer,
 ) -> None:
-    await meter_device.set("holding", 0, [*words32(700, "uint32"), *words32(0.3, "float32")])
-    source = ModbusMeterSource(_config(meter_device))
+    await modbus_server.set("holding", 0, [*words32(700, "uint32"), *words32(0.3, "float32")])
+    source = ModbusMeterSource(_config(modbus_server))
     try:
         assert (await source.read()).power_w == pytest.approx(1000.0, abs=0.01)
-        await meter_device.stop()
+        await modbus_server.stop()
         with pytest.raises(TransportError):
             await source.read()
-        await meter_device.start()
+        await modbus_server.start()
         assert (await source.read()).power_w == pytest.approx(1000.0, abs=0.01)
     finally:
         await source.close()
@@ -131,10 +120,10 @@ async def _polca(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_the_probe_reads_one_register_and_prints_one_json_object(
-    meter_device: ModbusTestServer,
+    modbus_server: ModbusTestServer,
 ) -> None:
-    await meter_device.set("holding", 10, words32(1234, "uint32"))
-    url = f"modbus://{meter_device.host}:{meter_device.port}"
+    await modbus_server.set("holding", 10, words32(1234, "uint32"))
+    url = f"modbus://{modbus_server.host}:{modbus_server.port}"
     ok = await _polca("meter", "probe", url, "--register", "10")
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout)

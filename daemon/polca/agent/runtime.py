@@ -249,9 +249,11 @@ class Agent:
 
     def _silence_watch(self) -> dict[str, Coroutine[Any, Any, None]]:
         """With several broker endpoints, the loop that leaves a silent one (``silence.py``)."""
-        bus, silence_s = self.bus, self.settings.agent.control_silence_failover_s
-        watch = watch_for(silence_s, bus.endpoint_count) if bus is not None else None
-        if bus is None or watch is None:
+        bus = self.bus
+        if bus is None:
+            return {}
+        watch = watch_for(self.settings.agent.control_silence_failover_s, bus.endpoint_count)
+        if watch is None:
             return {}
 
         def once() -> None:
