@@ -78,10 +78,10 @@ async def control_latency_ms(  # noqa: PLR0915 - one linear measurement script
     """Run an agent in-process and time control messages until all 8 GPUs are written."""
     import aiomqtt
 
+    from polca.agent.config import load_settings
     from polca.agent.runtime import Agent
     from polca.gpu.nvml import NvmlBackend
     from polca.policy import PolicyStore
-    from polca.settings import load_settings
     from polca.telemetry.bus import InMessage
     from polca.telemetry.schema import Control, encode
 

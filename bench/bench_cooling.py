@@ -44,13 +44,14 @@ async def run(trials: int) -> dict[str, Any]:  # noqa: PLR0915 - one linear meas
     import aiomqtt
     from tests.mqtt_broker import MosquittoProcess
 
+    from polca.agent.config import AgentSettings, Settings, TopicSettings
     from polca.agent.runtime import Agent
     from polca.aggregator.config import AggregatorSettings, NodeSpec, RackSpec, RowSpec
     from polca.aggregator.runtime import Aggregator
     from polca.cooling.loops import CoolingSettings
     from polca.gpu.simulated import SimulatedBackend
     from polca.policy import PolicyStore
-    from polca.settings import AgentSettings, MqttSettings, Settings, TopicSettings
+    from polca.settings import MqttSettings
     from polca.telemetry.schema import (
         CduTelemetry,
         CoolantConnector,

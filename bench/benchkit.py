@@ -301,10 +301,10 @@ def _agents(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
     from polca import logs
+    from polca.agent.config import Settings
     from polca.agent.runtime import Agent
     from polca.gpu.simulated import SimulatedBackend
     from polca.policy import PolicyStore
-    from polca.settings import Settings
 
     logs.configure(level="error", fmt="json", stream=sys.stderr)
     if args.switch_interval_s:

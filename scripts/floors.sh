@@ -62,5 +62,6 @@ PY
 # schema output changes between releases), so its equality check is left out here.
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   tests/telemetry tests/policy tests/agent tests/aggregator tests/export tests/test_settings.py \
-  tests/cooling tests/coord/test_leadership.py tests/meter tests/redfish tests/bmc \
+  tests/cooling tests/cdu tests/plant tests/coord/test_leadership.py tests/meter tests/redfish \
+  tests/bmc \
   --deselect tests/policy/test_shipped.py::test_doc_schema_is_current "$@"

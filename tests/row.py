@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polca.agent.config import Settings
 from polca.agent.runtime import Agent
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.runtime import Aggregator
-from polca.cooling.plant import SimulatedCdu
-from polca.cooling.publisher import publish_plant_once
-from polca.cooling.ratings import CduRatings
+from polca.cdu.publisher import publish_plant_once
 from polca.export.sink import MemorySink
 from polca.gpu.simulated import SimulatedBackend
+from polca.plant.cdu import SimulatedCdu
+from polca.plant.ratings import CduRatings
 from polca.policy import PolicyStore
-from polca.settings import Settings
 from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.memory import MemoryBroker, MemoryBus
 from polca.telemetry.schema import Control, Meter, encode

@@ -90,3 +90,14 @@ def test_config_show_refuses_a_secret_in_yaml_without_a_traceback(tmp_path: Path
     assert "Traceback" not in result.stderr
     assert "is not allowed in the configuration file" in result.stderr
     assert "hunter2" not in result.stderr + result.stdout
+
+
+def test_a_daemon_with_a_bad_broker_option_says_so_in_one_line_and_exits_78() -> None:
+    """``--broker host:notaport``: each daemon's start-up (``exits.run_process``) logs one
+    ``config_invalid`` line naming the option and exits 78, no traceback."""
+    for daemon in ("agent", "aggregator"):
+        result = _polca(daemon, "--broker", "mq.example:mqtts", "--log-format", "json")
+        assert result.returncode == 78, (daemon, result.stderr)
+        assert "Traceback" not in result.stdout + result.stderr
+        (line,) = [ln for ln in result.stdout.splitlines() if "config_invalid" in ln]
+        assert "--broker 'mq.example:mqtts'" in line

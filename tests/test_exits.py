@@ -3,11 +3,13 @@ stops, a hostile file)."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 from structlog.testing import capture_logs
 
@@ -22,6 +24,7 @@ from polca.exits import (
     Streak,
     describe_failure,
     exit_code,
+    run_process,
 )
 
 
@@ -127,3 +130,64 @@ def test_ctrl_c_alone_is_130_and_logs_nothing() -> None:
     assert (code, logs) == (EX_INTERRUPTED, [])
     code, _ = _ended(BaseExceptionGroup("both", [KeyboardInterrupt(), RuntimeError("x")]))
     assert code == EX_FAILURE
+
+
+class _Logging:
+    level = "info"
+    format = "json"
+
+
+class _Settings:
+    logging = _Logging()
+
+
+def _lines(out: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_a_process_whose_settings_are_invalid_says_so_once_and_exits_78() -> None:
+    """A bad configuration: one ``config_invalid`` line naming the problem, ``EX_CONFIG``,
+    and the process's body never runs."""
+    out, ran = io.StringIO(), []
+
+    def load() -> _Settings:
+        msg = "mqtt.port: must be at most 65535"
+        raise ConfigError(msg)
+
+    async def body(_: _Settings) -> None:
+        ran.append(True)
+
+    assert run_process("meter", load, body, stream=out) == EX_CONFIG
+    assert ran == []
+    (line,) = _lines(out)
+    assert (line["event"], line["error"]) == ("config_invalid", "mqtt.port: must be at most 65535")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "event"),
+    [
+        (None, 0, None),
+        (3, 3, None),  # a one-shot round's own code
+        (TransportError("broker gone"), EX_FAILURE, "agent_failed"),
+        (PolicyError("policy p.yaml is invalid"), EX_CONFIG, "agent_fatal"),
+        (RuntimeError("bug"), EX_FAILURE, "agent_crashed"),
+        (KeyboardInterrupt(), EX_INTERRUPTED, None),
+    ],
+)
+def test_a_process_ends_with_its_bodys_code_or_what_ended_it(
+    outcome: BaseException | int | None, code: int, event: str | None
+) -> None:
+    """The body runs in a fresh loop with the logging its settings ask for; what ends it
+    is ``exit_code``'s to log (one critical line) and to code."""
+    out = io.StringIO()
+
+    async def body(_: _Settings) -> int | None:
+        structlog.get_logger().info("running")
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    assert run_process("agent", _Settings, body, stream=out) == code
+    lines = _lines(out)
+    assert lines[0]["event"] == "running"
+    assert [line["event"] for line in lines[1:]] == ([event] if event else [])

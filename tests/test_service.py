@@ -10,8 +10,8 @@ import structlog
 from structlog.testing import capture_logs
 
 from polca import service
+from polca.agent.config import AgentSettings
 from polca.aggregator.config import IntakeSettings
-from polca.settings import AgentSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,17 +12,11 @@ from hypothesis import given
 from pydantic import ValidationError
 
 from polca import yamlkit
+from polca.agent.config import Settings, load_settings
 from polca.aggregator.config import AggregatorSettings
-from polca.cooling.config import CduSettings
+from polca.cdu.config import CduSettings
 from polca.errors import ConfigError
-from polca.settings import (
-    MAX_SECRET_BYTES,
-    InfluxSettings,
-    ProcessSettings,
-    Settings,
-    load_settings,
-    load_settings_as,
-)
+from polca.settings import MAX_SECRET_BYTES, InfluxSettings, ProcessSettings, load_settings_as
 from tests.fuzzing import FUZZ, mutated
 
 
@@ -303,3 +297,55 @@ def test_write_intervals_name_thinnable_measurements_only(every_s: dict[str, Any
         "gpu": 10.0,
         "row": 1.0,
     }
+
+
+def test_a_broker_option_is_host_and_port_or_a_clear_error() -> None:
+    """``--broker host[:port]``: the host alone, both, nothing when unset; a port that is
+    not a number is a configuration error naming the option (the command exits 78)."""
+    from polca.errors import ConfigError
+    from polca.settings import broker_override
+
+    assert broker_override(None) == {}
+    assert broker_override("mq.example") == {"host": "mq.example"}
+    assert broker_override("mq.example:8883") == {"host": "mq.example", "port": 8883}
+    with pytest.raises(ConfigError, match=r"--broker 'mq\.example:mqtts'"):
+        broker_override("mq.example:mqtts")
+
+
+def test_site_topic_root_and_the_segment_rule_are_declared_once() -> None:
+    """Every process's ``site`` and ``topic_root`` (the agent's ``topics.site`` and
+    ``topics.root``) is ``settings.SiteName``/``TopicRoot``: one rule, one description;
+    and no module of polca writes the topic-segment pattern but ``settings.py``."""
+    from pydantic import BaseModel
+
+    from polca.agent.config import TopicSettings
+    from polca.aggregator.config import AggregatorSettings
+    from polca.assign.publish import AssignSettings
+    from polca.cdu.config import CduSettings
+    from polca.meter.config import MeterSettings
+    from polca.settings import TOPIC_SEGMENT, SiteName, TopicRoot
+
+    class Reference(BaseModel):
+        site: SiteName = "site"
+        root: TopicRoot = "polca/v1"
+
+    want = {name: (f.description, repr(f.metadata)) for name, f in Reference.model_fields.items()}
+    owners: list[tuple[type[BaseModel], str, str]] = [(TopicSettings, "site", "root")]
+    owners += [
+        (cls, "site", "topic_root")
+        for cls in (AggregatorSettings, AssignSettings, CduSettings, MeterSettings)
+    ]
+    for cls, site, root in owners:
+        for field, ref in ((site, "site"), (root, "root")):
+            info = cls.model_fields[field]
+            assert (info.description, repr(info.metadata)) == want[ref], (cls.__name__, field)
+    package = Path(__file__).resolve().parents[1] / "daemon" / "polca"
+    literal = TOPIC_SEGMENT.strip("^$").split("{")[0]  # [A-Za-z0-9_.-]
+    writers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if f'r"^{literal}+$"' in path.read_text(encoding="utf-8")
+        or f'r"^{literal}{{1,128}}$"' in path.read_text(encoding="utf-8")
+        or f'r"{literal}+"' in path.read_text(encoding="utf-8")
+    )
+    assert writers == ["settings.py", "sim/profile.py"]  # the latter: a profile's name

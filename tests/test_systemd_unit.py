@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from polca.settings import Settings, load_settings
+from polca.agent.config import Settings, load_settings
 from tests.systemd_units import (
     CONTAINER_NOISE,
     Unit,

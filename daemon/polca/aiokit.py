@@ -76,6 +76,28 @@ async def every(
         next_t = max(next_t + interval_s, loop.time())
 
 
+async def every_or_woken(
+    interval_s: float, wake: asyncio.Event, tick: Callable[[], object]
+) -> NoReturn:
+    """Call ``tick`` every ``interval_s``, and at once whenever ``wake`` is set, forever.
+
+    The interval counts from the start on ``loop.time()``; a woken tick does not move the
+    schedule (the next timed one still comes on time), and a slow tick skips the missed
+    ones. ``wake`` is cleared before each tick, so a wake during it brings another.
+    """
+    if interval_s <= 0:
+        msg = f"interval_s must be > 0, got {interval_s}"
+        raise ValueError(msg)
+    loop = asyncio.get_running_loop()
+    next_t = loop.time() + interval_s
+    while True:
+        woken = await wait_first(wake, max(0.0, next_t - loop.time()))
+        wake.clear()
+        if not woken:
+            next_t = max(next_t + interval_s, loop.time())
+        tick()
+
+
 async def wait_first(event: asyncio.Event, timeout_s: float) -> bool:
     """Wait for ``event`` at most ``timeout_s``; True when it was set."""
     try:

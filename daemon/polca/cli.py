@@ -1,15 +1,18 @@
-"""The ``polca`` command line: ``agent``, ``demo``, ``policy check``, ``config docs``.
+"""The ``polca`` command line: which daemon or tool to run.
 
-Logging is configured here and only here. Exit codes and the line a failed run logs are
-``polca.exits``'s (0 success, 1 failure, 2 usage, 69 broker unreachable, 77 refused,
-78 configuration).
+Each process's own command lives with it (``agent/cli.py``, ``aggregator/cli.py``,
+``meter/cli.py``, ``cdu/cli.py``, ``bmc/cli.py``, ``assign/cli.py``, ``sim/cli.py``: its
+``add_parsers`` and ``main``); this module builds the parser from them, dispatches, and
+holds the small tools of its own (``status``, ``demo``, ``gpu probe``, ``policy``,
+``config``). A daemon's start-up (settings, logging, the exit code) is
+``exits.run_process``; exit codes and the line a failed run logs are ``polca.exits``'s
+(0 success, 1 failure, 2 usage, 69 broker unreachable, 77 refused, 78 configuration).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import sys
@@ -19,14 +22,17 @@ from typing import Any, TypeVar
 
 import structlog
 
-from polca import __version__, aiokit, logs
+from polca import __version__, logs
+from polca.agent import cli as agent_cli
+from polca.aggregator import cli as aggregator_cli
 from polca.assign import cli as assign_cli
 from polca.bmc import cli as bmc_cli
-from polca.cooling import cli as cooling_cli
+from polca.cdu import cli as cdu_cli
 from polca.errors import FatalError, PolcaError, TransportAuthError
 from polca.exits import EX_CONFIG, EX_NOPERM, EX_UNAVAILABLE, exit_code
 from polca.gpu import registry
 from polca.meter import cli as meter_cli
+from polca.settings import broker_override
 from polca.sim import cli as sim_cli
 
 NumberT = TypeVar("NumberT", int, float)
@@ -84,25 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"polca {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    agent = sub.add_parser("agent", help="run the node agent")
-    _agent_args(agent)
-
-    aggregator = sub.add_parser("aggregator", help="run the central aggregator")
-    aggregator.add_argument("--config", type=Path, default=None, help="YAML settings file")
-    aggregator.add_argument("--broker", default=None, help="MQTT broker host[:port]")
-    aggregator.add_argument("--policy", type=Path, default=None, help="policy file")
-    aggregator.add_argument(
-        "--observe",
-        action="store_true",
-        default=None,
-        help="shadow mode: publish decisions marked observe",
-    )
-    aggregator.add_argument("--duration", type=float, default=None)
-    aggregator.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default=None
-    )
-    aggregator.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
-
+    agent_cli.add_parsers(sub)
+    aggregator_cli.add_parsers(sub)
     _status_parser(sub)
 
     demo = sub.add_parser(
@@ -164,9 +153,7 @@ def _parser() -> argparse.ArgumentParser:
         help="at the end, write row.csv (row power and level) and uncapped.csv (the "
         "uncapped counterfactual, a power history for `polca plan --history`) here",
     )
-    demo.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default="warning"
-    )
+    logs.add_options(demo, level="warning", fmt=False)
 
     policy = sub.add_parser("policy", help="policy files")
     psub = policy.add_subparsers(dest="policy_command", required=True)
@@ -188,52 +175,9 @@ def _parser() -> argparse.ArgumentParser:
     csub.add_parser("show", help="print the effective settings (secrets hidden)").add_argument(
         "--config", type=Path, default=None
     )
-    for tool in (cooling_cli, meter_cli, bmc_cli, assign_cli, sim_cli):
+    for tool in (cdu_cli, meter_cli, bmc_cli, assign_cli, sim_cli):
         tool.add_parsers(sub)
     return parser
-
-
-def _agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=None, help="YAML settings file")
-    p.add_argument("--backend", choices=registry.BACKEND_NAMES, default=None)
-    p.add_argument("--policy", type=Path, default=None, help="policy file (agent.policy_file)")
-    p.add_argument("--broker", default=None, help="MQTT broker host[:port]")
-    p.add_argument(
-        "--embedded-broker",
-        action="store_true",
-        help="run an in-process MQTT broker and connect to it",
-    )
-    p.add_argument(
-        "--observe-only", action="store_true", default=None, help="never write to the GPUs"
-    )
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
-    p.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
-
-
-def _overrides(args: argparse.Namespace, *, demo: bool) -> dict[str, Any]:
-    """Settings overrides from the command line (nested dicts merge with other sources)."""
-    over: dict[str, dict[str, Any]] = {"gpu": {}, "agent": {}, "mqtt": {}, "logging": {}}
-    if args.backend:
-        over["gpu"]["backend"] = args.backend
-    elif demo:
-        over["gpu"]["backend"] = "simulated"
-    if args.policy:
-        over["agent"]["policy_file"] = args.policy
-    if args.observe_only is not None:
-        over["agent"]["observe_only"] = args.observe_only
-    if args.broker:
-        host, _, port = args.broker.rpartition(":") if ":" in args.broker else (args.broker, "", "")
-        over["mqtt"]["host"] = host or args.broker
-        if port:
-            over["mqtt"]["port"] = int(port)
-    if args.log_level:
-        over["logging"]["level"] = args.log_level
-    elif demo:
-        over["logging"]["level"] = "warning"  # the demo prints its own feed
-    if args.log_format:
-        over["logging"]["format"] = args.log_format
-    return {k: v for k, v in over.items() if v}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -248,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         return _status(args)
     if args.command == "cdu":
-        return cooling_cli.main(args)
+        return cdu_cli.main(args)
     if args.command == "meter":
         return meter_cli.main(args)
     if args.command == "bmc":
@@ -258,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in sim_cli.COMMANDS:
         return sim_cli.main(args)
     if args.command == "aggregator":
-        return _run_aggregator(args)
+        return aggregator_cli.main(args)
     if args.command == "gpu":
         return _gpu_probe(args)
     if args.command == "config":
@@ -272,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except FatalError as exc:
             sys.stderr.write(f"polca config show: {exc}\n")
             return EX_CONFIG
-    return _run_service(args)
+    if args.command == "demo":
+        return _run_demo(args)
+    return agent_cli.main(args)
 
 
 def _status_parser(sub: Any) -> None:
@@ -307,15 +253,6 @@ def _status_parser(sub: Any) -> None:
     )
 
 
-def _broker_override(broker: str | None) -> dict[str, Any]:
-    if not broker:
-        return {}
-    host, sep, port = broker.rpartition(":")
-    if not sep:
-        return {"host": broker}
-    return {"host": host, "port": int(port)}
-
-
 def _status(args: argparse.Namespace) -> int:
     """Print the retained state of the site(s)."""
     from polca.aggregator.config import AggregatorSettings  # noqa: PLC0415
@@ -323,16 +260,16 @@ def _status(args: argparse.Namespace) -> int:
     from polca.status import collect, render  # noqa: PLC0415
 
     logs.configure(level="warning")
-    mqtt: dict[str, Any] = _broker_override(args.broker)
     flags = {
         "username": args.username,
         "password_file": args.password_file,
         "tls": True if args.tls or args.ca_file else None,
         "tls_ca_file": args.ca_file,
     }
-    mqtt.update({key: value for key, value in flags.items() if value is not None})
-    over = {"mqtt": mqtt} if mqtt else {}
     try:
+        mqtt: dict[str, Any] = broker_override(args.broker)
+        mqtt.update({key: value for key, value in flags.items() if value is not None})
+        over = {"mqtt": mqtt} if mqtt else {}
         settings = load_settings_as(AggregatorSettings, args.config, **over)
     except FatalError as exc:
         sys.stderr.write(f"{exc}\n")
@@ -368,70 +305,11 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_aggregator(args: argparse.Namespace) -> int:
-    from polca.aggregator.config import AggregatorSettings  # noqa: PLC0415
-    from polca.settings import load_settings_as  # noqa: PLC0415
-
-    over: dict[str, Any] = {}
-    if args.broker:
-        over["mqtt"] = _broker_override(args.broker)
-    if args.policy:
-        over["policy_file"] = args.policy
-    if args.observe:
-        over["control"] = {"observe": True}
-    log_over = {k: v for k, v in (("level", args.log_level), ("format", args.log_format)) if v}
-    if log_over:
-        over["logging"] = log_over
-    try:
-        settings = load_settings_as(AggregatorSettings, args.config, **over)
-    except FatalError as exc:
-        logs.configure()
-        structlog.get_logger().error("config_invalid", error=str(exc))
-        return EX_CONFIG
-    logs.configure(level=settings.logging.level, fmt=settings.logging.format)
-    log = structlog.get_logger()
-    try:
-        asyncio.run(_aggregator_main(settings, duration_s=args.duration))
-    except (Exception, KeyboardInterrupt) as exc:
-        return exit_code(exc, log, daemon="aggregator")
-    return 0
-
-
-async def _aggregator_main(settings: Any, *, duration_s: float | None) -> None:
-    from polca.aggregator.runtime import Aggregator  # noqa: PLC0415
-    from polca.export.influx import make_sink  # noqa: PLC0415
-
-    sink = make_sink(settings.influx, state_dir=settings.state_dir)
-    sinks: list[Any] = [sink] if sink is not None else []
-    sinks.extend(_metrics_sinks(settings.metrics))
-    aggregator = Aggregator(settings, sinks=sinks)
-    aiokit.install_signal_handlers(aggregator.stop_requested, aggregator.reload_requested)
-    if duration_s is not None:
-        asyncio.get_running_loop().call_later(duration_s, aggregator.stop_requested.set)
-    await aggregator.run()
-
-
-def _metrics_sinks(metrics: Any, *, snapshots: frozenset[str] = frozenset()) -> list[Any]:
-    """The Prometheus sink ``metrics.address`` asks for (none when unset)."""
-    if not metrics.address:
-        return []
-    from polca.export.prometheus import PrometheusSink  # noqa: PLC0415
-
-    return [
-        PrometheusSink(
-            metrics.address,
-            max_series=metrics.max_series,
-            stale_after_s=metrics.stale_after_s,
-            snapshots=snapshots,
-        )
-    ]
-
-
 def _gpu_probe(args: argparse.Namespace) -> int:
     """Print every GPU's identity, constraints, capabilities and one sample."""
     from dataclasses import asdict  # noqa: PLC0415
 
-    from polca.settings import load_settings  # noqa: PLC0415
+    from polca.agent.config import load_settings  # noqa: PLC0415
 
     logs.configure(level="warning")
     settings = load_settings(args.config, gpu={"backend": args.backend})
@@ -475,30 +353,8 @@ def _gpu_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_service(args: argparse.Namespace) -> int:
-    from polca.settings import load_settings  # noqa: PLC0415
-
-    if args.command == "demo":
-        return _run_demo(args)
-    try:
-        settings = load_settings(args.config, **_overrides(args, demo=False))
-    except FatalError as exc:
-        logs.configure()
-        structlog.get_logger().error("config_invalid", error=str(exc))
-        return EX_CONFIG
-    logs.configure(level=settings.logging.level, fmt=settings.logging.format)
-    log = structlog.get_logger()
-    try:
-        asyncio.run(
-            _agent_main(settings, duration_s=args.duration, embedded_broker=args.embedded_broker)
-        )
-    except (Exception, KeyboardInterrupt) as exc:
-        return exit_code(exc, log, daemon="agent")
-    return 0
-
-
 def _broker_address(broker: str | None) -> tuple[str, int] | None:
-    over = _broker_override(broker)
+    over = broker_override(broker)
     return (over["host"], int(over.get("port", 1883))) if over else None
 
 
@@ -507,56 +363,28 @@ def _run_demo(args: argparse.Namespace) -> int:
     from polca.demo.runtime import run_demo  # noqa: PLC0415
 
     logs.configure(level=args.log_level, fmt="auto", stream=sys.stderr)
-    options = DemoOptions(
-        racks=args.racks,
-        nodes_per_rack=args.nodes_per_rack,
-        model=args.model,
-        budget_w=args.budget_w,
-        speedup=args.speedup,
-        scale=args.scale,
-        tenants=args.tenants,
-        offset_s=args.offset_s,
-        seed=args.seed,
-        policy=args.policy or DEMO_POLICY,
-        duration_s=args.duration,
-        influx_url=args.influx,
-        influx_api=args.influx_api,
-        incident_at_s=args.incident_at if args.incident_at >= 0 else None,
-        incident_s=args.incident_s,
-        broker=_broker_address(args.broker),
-        record_dir=args.record,
-    )
     log = structlog.get_logger()
     try:
+        options = DemoOptions(
+            racks=args.racks,
+            nodes_per_rack=args.nodes_per_rack,
+            model=args.model,
+            budget_w=args.budget_w,
+            speedup=args.speedup,
+            scale=args.scale,
+            tenants=args.tenants,
+            offset_s=args.offset_s,
+            seed=args.seed,
+            policy=args.policy or DEMO_POLICY,
+            duration_s=args.duration,
+            influx_url=args.influx,
+            influx_api=args.influx_api,
+            incident_at_s=args.incident_at if args.incident_at >= 0 else None,
+            incident_s=args.incident_s,
+            broker=_broker_address(args.broker),
+            record_dir=args.record,
+        )
         asyncio.run(run_demo(options))
     except (Exception, KeyboardInterrupt) as exc:
         return exit_code(exc, log, daemon="demo")
     return 0
-
-
-async def _agent_main(settings: Any, *, duration_s: float | None, embedded_broker: bool) -> None:
-    from polca.agent.runtime import Agent  # noqa: PLC0415
-    from polca.policy import PolicyStore  # noqa: PLC0415
-
-    async with contextlib.AsyncExitStack() as stack:
-        if embedded_broker:
-            from polca.telemetry.broker import EmbeddedBroker  # noqa: PLC0415
-
-            broker = await stack.enter_async_context(
-                EmbeddedBroker(host=settings.mqtt.host, port=settings.mqtt.port)
-            )
-            settings = settings.model_copy(
-                update={"mqtt": settings.mqtt.model_copy(update={"port": broker.port})}
-            )
-        agent = Agent(
-            settings,
-            backend=registry.make_backend(settings.gpu),
-            policy_store=PolicyStore(settings.agent.policy_file),
-            # The caps and their reasons are written whole each interval: a changed reason
-            # replaces its series at once.
-            sinks=_metrics_sinks(settings.metrics, snapshots=frozenset({"gpu_cap"})),
-        )
-        aiokit.install_signal_handlers(agent.stop_requested, agent.reload_requested)
-        if duration_s is not None:
-            asyncio.get_running_loop().call_later(duration_s, agent.stop_requested.set)
-        await agent.run()

@@ -27,16 +27,18 @@ malformed is logged and replaced, never fatal. Writes are atomic (temporary file
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, TextIO, TypeVar
 
 import structlog
 
+from polca import logs
 from polca.errors import (
     FatalError,
     PolcaError,
@@ -81,6 +83,7 @@ __all__ = [
     "exit_code",
     "leaves",
     "one_shot_code",
+    "run_process",
 ]
 
 
@@ -89,6 +92,51 @@ def leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for sub in exc.exceptions for leaf in leaves(sub)]
     return [exc]
+
+
+class _Logging(Protocol):
+    @property
+    def level(self) -> Any: ...
+    @property
+    def format(self) -> Any: ...
+
+
+class _Logged(Protocol):
+    @property
+    def logging(self) -> _Logging: ...
+
+
+SettingsT = TypeVar("SettingsT", bound=_Logged)
+
+
+def run_process(
+    daemon: str,
+    load: Callable[[], SettingsT],
+    main: Callable[[SettingsT], Coroutine[Any, Any, int | None]],
+    *,
+    stream: TextIO | None = None,
+) -> int:
+    """Start and run one polca process to its end; its exit code.
+
+    The one start-up of every daemon and service (``polca agent``, ``aggregator``,
+    ``meter``, ``cdu``): ``load`` its settings (a ``FatalError``: one ``config_invalid``
+    line, ``EX_CONFIG``), configure logging as they say (to ``stream``, default stdout),
+    then run ``main`` in a fresh event loop; what ends it is ``exit_code``'s to log and
+    code. ``main`` returns its own code (a one-shot round) or None (0).
+    """
+    try:
+        settings = load()
+    except FatalError as exc:
+        logs.configure(stream=stream)
+        structlog.get_logger().error("config_invalid", error=str(exc))
+        return EX_CONFIG
+    logs.configure(level=settings.logging.level, fmt=settings.logging.format, stream=stream)
+    log = structlog.get_logger()
+    try:
+        code = asyncio.run(main(settings))
+    except (Exception, KeyboardInterrupt) as exc:
+        return exit_code(exc, log, daemon=daemon)
+    return code or 0
 
 
 def exit_code(exc: BaseException, log: Any, *, daemon: str) -> int:

@@ -23,6 +23,21 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+LEVELS = tuple(_LEVELS)
+"""The levels a process logs at (``logging.level``, ``--log-level``)."""
+FORMATS = ("auto", "json", "console")
+"""How lines are written (``logging.format``, ``--log-format``): ``auto`` is JSON unless
+the stream is a terminal."""
+
+
+def add_options(parser: Any, *, level: str | None = None, fmt: bool = True) -> None:
+    """Add ``--log-level`` (default ``level``; None: the settings') and, with ``fmt``,
+    ``--log-format`` to a command's ``argparse`` parser."""
+    parser.add_argument("--log-level", choices=LEVELS, default=level)
+    if fmt:
+        parser.add_argument("--log-format", choices=FORMATS, default=None)
+
+
 _SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 
 

@@ -10,7 +10,9 @@ both supervisors: the connections (bus, sink) run unguarded beside a TaskGroup o
 eternal loops, and the shutdown runs shielded whether the loops stopped on request (clean)
 or because one failed. ``STOP_BOUNDS`` is how long each step of either shutdown may
 take (one home: each systemd unit's ``TimeoutStopSec`` leaves room for their sum), and
-``bounded`` runs one such step. Exit codes live in ``exits.py``.
+``bounded`` runs one such step. A telemetry source (``polca cdu``, ``polca meter``) runs
+its bus and loops under ``serve_source`` and publishes to a ``Publisher``. Exit codes live
+in ``exits.py``.
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polca import aiokit
 from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 
+if TYPE_CHECKING:
+    from polca.telemetry.bus import Bus, OutMessage
+
 __all__ = [
     "STOP_BOUNDS",
     "PolicyReloader",
+    "Publisher",
     "StopBounds",
     "bounded",
     "serve_source",
@@ -172,14 +178,16 @@ async def supervise(
                 task.cancel()
 
 
-class _Closable(Protocol):
-    async def run(self) -> None: ...
+class Publisher(Protocol):
+    """Where a source's readings go (CDU telemetry, meter readings): ``MqttBus`` or any
+    object with ``publish_nowait``."""
 
-    async def close(self, *, timeout_s: float = ...) -> object: ...
+    def publish_nowait(self, msg: OutMessage) -> None:
+        """Queue ``msg`` for the broker without waiting."""
 
 
 async def serve_source(
-    bus: _Closable,
+    bus: Bus,
     loops: Sequence[tuple[str, Coroutine[Any, Any, object]]],
     *,
     duration_s: float | None,

@@ -1,4 +1,11 @@
-"""Settings of every polca process, grouped by concern, with a documented default each.
+"""What the settings of every polca process share, with a documented default each.
+
+Each process's own settings live with it (``agent/config.py``, ``aggregator/config.py``,
+``meter/config.py``, ``cdu/config.py``, ``assign/publish.py``; the agent's groups
+``gpu/config.py`` and ``assign/config.py``); here are their common base
+(``ProcessSettings``: ``mqtt``, ``logging``, ``metrics``), the groups more than one
+process uses (``InfluxSettings``), the names every topic is built from (``TOPIC_SEGMENT``,
+``SiteName``, ``TopicRoot``, declared once), and the one loader, ``load_settings_as``.
 
 Sources, strongest first: keyword arguments (the CLI), ``POLCA_*`` environment variables
 (nested with ``__``, e.g. ``POLCA_MQTT__HOST``), the YAML file named by ``--config`` or
@@ -22,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import socket
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -38,14 +44,18 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-_TOPIC_SEGMENT = r"^[A-Za-z0-9_.-]+$"
+TOPIC_SEGMENT: Final = r"^[A-Za-z0-9_.-]{1,128}$"
+"""One segment of an MQTT topic polca builds (a site, row, rack or node name): no ``/``,
+no wildcard, no space."""
 SettingsT = TypeVar("SettingsT", bound="ProcessSettings")
 
 
 MAX_SECRET_BYTES = 64 * 1024  # a password or token file larger than this is refused
 
 
-class _Group(BaseModel):
+class Group(BaseModel):
+    """A group of settings (one YAML mapping): unknown keys refused, frozen, finite."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
@@ -90,7 +100,7 @@ def parse_endpoint(text: str, *, default_port: int) -> MqttEndpoint:
     return MqttEndpoint(host, int(port_text))
 
 
-class MqttSettings(_Group):
+class MqttSettings(Group):
     """The MQTT broker connection."""
 
     host: str = Field(
@@ -224,163 +234,28 @@ class MqttSettings(_Group):
 DEFAULT_TOPIC_ROOT: Final = "polca/v1"
 """The MQTT topic root every component uses unless configured (``polca.telemetry.topics``)."""
 
+TOPIC_ROOT: Final = r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$"
+"""A topic root: topic segments joined by ``/`` (no wildcard, no empty level)."""
 
-class TopicSettings(_Group):
-    """Where this node sits in the site: the segments of its MQTT topics."""
+TopicRoot = Annotated[
+    str,
+    Field(
+        pattern=TOPIC_ROOT,
+        max_length=128,
+        description="MQTT topic root, including the schema version; every polca process "
+        "of a site uses the same one.",
+    ),
+]
+"""Where a process's topics start (``topic_root``, the agent's ``topics.root``)."""
 
-    root: str = Field(DEFAULT_TOPIC_ROOT, description="Topic root, including the schema version.")
-    site: str = Field("site", pattern=_TOPIC_SEGMENT, description="Site name.")
-    row: str = Field("row1", pattern=_TOPIC_SEGMENT, description="Row (power domain) name.")
-    rack: str = Field("rack1", pattern=_TOPIC_SEGMENT, description="Rack name.")
-    node: str = Field(
-        default_factory=lambda: socket.gethostname().split(".")[0] or "node",
-        description="Node name; defaults to the short host name.",
-    )
-
-    @field_validator("node")
-    @classmethod
-    def _node_segment(cls, value: str) -> str:
-        cleaned = "".join(c if c.isalnum() or c in "_.-" else "-" for c in value)
-        if not cleaned:
-            msg = "node name must not be empty"
-            raise ValueError(msg)
-        return cleaned
-
-
-BackendName = Literal["nvml", "simulated"]
-"""The GPU backends ``gpu.backend`` can name; ``polca.gpu.registry`` builds each of them.
-
-Defined here because settings sit below the hardware seam; the registry's table is typed
-with it and a test checks that the table covers exactly these names.
-"""
-
-
-class GpuSettings(_Group):
-    """The GPU backend."""
-
-    backend: BackendName = Field(
-        "nvml", description="nvml for real GPUs, simulated for the built-in GPU model."
-    )
-    simulated_count: int = Field(8, ge=1, le=64, description="GPUs of the simulated backend.")
-    simulated_model: str = Field(
-        "H100-SXM", description="Simulated GPU model preset (A100-SXM4, H100-SXM, H200-SXM)."
-    )
-    simulated_load: str = Field(
-        "inference",
-        description="Simulated load profile: idle, constant, inference, ramp or square.",
-    )
-    simulated_seed: int = Field(0, description="Seed of the simulated load and noise.")
-    call_timeout_s: float = Field(
-        2.0, gt=0, description="A GPU call taking longer than this is reported as stuck."
-    )
-
-
-class AgentSettings(_Group):
-    """The node agent's control loop."""
-
-    sample_interval_s: float = Field(0.1, gt=0, description="GPU sampling period (10 Hz).")
-    publish_interval_s: float = Field(
-        1.0, gt=0, description="Telemetry period: one message per node per interval."
-    )
-    health_every_s: float = Field(
-        30.0,
-        ge=1,
-        le=3600,
-        description="GPU health counters are read every telemetry interval and sent when "
-        "they change, and at least this often.",
-    )
-    policy_file: Path = Field(
-        Path("/etc/polca/policy.yaml"), description="Node policy file (hot reloaded)."
-    )
-    policy_reload_debounce_s: float = Field(
-        0.5, ge=0, description="Wait this long after a file change before reloading."
-    )
-    state_dir: Path = Field(
-        default_factory=lambda: Path(os.environ.get("STATE_DIRECTORY", "/var/lib/polca")),
-        description="Where the original GPU settings are saved before the first write "
-        "(systemd's $STATE_DIRECTORY when set).",
-    )
-    observe_only: bool = Field(
-        False, description="Read and publish, never write to the GPUs (no privilege needed)."
-    )
-    startup_grace_s: float = Field(
-        30.0,
-        ge=0,
-        description="How long the agent waits for its first control message before the "
-        "policy's fail-safe caps apply.",
-    )
-    stop_timeout_s: float = Field(
-        5.0, gt=0, description="Bound on restoring GPU settings at shutdown."
-    )
-    control_silence_failover_s: float | None = Field(
-        10.0,
-        gt=0,
-        le=3600,
-        description="With several broker endpoints (`mqtt.endpoints`): connected, but no "
-        "control message for this long, the agent moves to the next endpoint (its broker "
-        "node may be cut off from the others). Doubles after each such move while no "
-        "endpoint brings control, up to 5 minutes. None: never. Keep it well under the "
-        "control lease.",
-    )
-    reassert: bool = Field(
-        True, description="Re-apply caps that something else changed, with an event."
-    )
-    accept_remote_policy: bool = Field(
-        True,
-        description="Apply the node policy the aggregator publishes (validated again here, "
-        "kept as a last good copy in state_dir); it then takes precedence over policy_file.",
-    )
-    control_issuers: tuple[str, ...] = Field(
-        (),
-        description="The aggregator instances (their instance setting) whose control "
-        "messages this node follows; control from any other issuer is refused and counted. "
-        "Empty follows any issuer, with a warning at start-up.",
-    )
-    clock_skew_tolerance_s: float = Field(
-        5.0,
-        gt=0,
-        le=3600,
-        description="How far a controller's wall-clock stamps may differ from this node's "
-        "clock before the agent reports a skew and refuses epochs from the future. Leases "
-        "run on the monotonic clock whatever the skew.",
-    )
-    crash_loop_after: int = Field(
-        3,
-        ge=2,
-        description="Report a crash loop (log, systemd STATUS=, MQTT status) when the agent "
-        "ended this many times in a row with the same failure.",
-    )
-    class_dwell_s: float = Field(
-        5.0,
-        ge=0,
-        le=3600,
-        description="After a GPU's runtime priority class changes (the scheduler's "
-        "assignment), a further change of that GPU waits this long; the latest assignment "
-        "then applies (flips in between are coalesced, none is lost). Bounds the cap writes "
-        "a flapping assignment can cause. 0: every change applies at once.",
-    )
-    max_term_step: int = Field(
-        2**32,
-        ge=1,
-        le=2**62,
-        description="A control message whose leadership term is more than this above the "
-        "highest term accepted is refused (control_term_jump) while a lease of the current "
-        "term runs, and accepted once it lapsed: a forged term cannot fence out a live "
-        "controller. Terms are etcd create-revisions, which grow with every write to the "
-        "etcd cluster (docs/ha.md), so a new leader's term exceeds the old one's by the "
-        "writes during the old one's tenure; a larger step only delays a takeover until "
-        "the old lease lapses.",
-    )
-    max_term: int = Field(
-        2**40,
-        ge=1,
-        le=2**63 - 1,
-        description="A control message whose leadership term is above this is refused "
-        "always (control_term_jump), the first one this node sees included: terms are etcd "
-        "create-revisions, and an etcd cluster the aggregators elect on does not reach a "
-        "trillion writes, so such a term is forged and may not fence out the real "
-        "controller that comes after it.",
-    )
+SiteName = Annotated[
+    str,
+    Field(
+        pattern=TOPIC_SEGMENT,
+        description="Site name: the topic segment after the root.",
+    ),
+]
+"""The site a process belongs to (``site``, the agent's ``topics.site``)."""
 
 
 class MetricsSettings(BaseModel):
@@ -405,7 +280,7 @@ Thinnable = Literal["gpu", "gpu_health", "node", "rack", "row", "cooling_loop", 
 """The measurements whose write interval an operator can choose (``polca.export.schedule``)."""
 
 
-class InfluxSettings(_Group):
+class InfluxSettings(Group):
     """The time-series database the aggregator writes to (InfluxDB or compatible)."""
 
     url: str | None = Field(
@@ -457,7 +332,7 @@ class InfluxSettings(_Group):
     )
 
 
-class LoggingSettings(_Group):
+class LoggingSettings(Group):
     """Structured logging."""
 
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Level.")
@@ -515,119 +390,6 @@ class ProcessSettings(BaseSettings):
         return self
 
 
-_CLASS = r"^[A-Za-z0-9_.:-]{1,128}$"
-_NAMESPACE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-
-
-class PriorityThreshold(_Group):
-    """Pods whose ``spec.priority`` is at least ``min_priority`` get ``class``."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True
-    )
-
-    min_priority: int = Field(ge=-(2**31), le=2**31 - 1, description="Lowest priority matched.")
-    priority_class: str = Field(
-        alias="class", pattern=_CLASS, description="The polca class these pods get."
-    )
-
-
-class KubernetesAssignment(_Group):
-    """The Kubernetes assignment source: pod-resources and the pods' metadata."""
-
-    pod_resources_socket: Path = Field(
-        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
-        description="The kubelet's pod-resources socket (mounted read-only).",
-    )
-    refresh_s: float = Field(1.0, gt=0, le=3600, description="How often pod-resources is read.")
-    resource_prefixes: tuple[str, ...] = Field(
-        ("nvidia.com/",),
-        max_length=16,
-        description="Device plugin resources that are GPUs (nvidia.com/gpu, nvidia.com/mig-*).",
-    )
-    node_name: str | None = Field(
-        None,
-        max_length=253,
-        description="This node's Kubernetes name (default: $NODE_NAME from the downward API).",
-    )
-    api_url: str | None = Field(
-        None,
-        max_length=256,
-        description="The API server (default: in-cluster, from the service account).",
-    )
-    token_file: Path | None = Field(
-        None, description="Bearer token file (default: the service account's)."
-    )
-    ca_file: Path | None = Field(
-        None, description="API server CA (default: the service account's)."
-    )
-    allow_http: bool = Field(False, description="Accept a plain http:// api_url (tests only).")
-    grace_s: float = Field(
-        30.0,
-        ge=0,
-        le=86_400,
-        description="How long the last map is kept while pod-resources or the API cannot be "
-        "read; after it every GPU falls back to the class capped first.",
-    )
-    annotation: str = Field(
-        "polca.io/class",
-        max_length=253,
-        description="The pod annotation naming a polca class (the first rule).",
-    )
-    priority_thresholds: tuple[PriorityThreshold, ...] = Field(
-        (),
-        max_length=32,
-        description="spec.priority -> class, the second rule: the first threshold a pod's "
-        "priority reaches, in the order given (list the highest first).",
-    )
-    namespaces: dict[Annotated[str, Field(pattern=_NAMESPACE)], str] = Field(
-        default_factory=dict,
-        max_length=1024,
-        description="namespace -> class, the third rule.",
-    )
-    top_class_namespaces: tuple[str, ...] = Field(
-        (),
-        max_length=1024,
-        description="The only namespaces whose pods may claim the policy's top class by "
-        "annotation or priority; any other claim gets the next class.",
-    )
-    idle_class: str | None = Field(
-        None,
-        pattern=_CLASS,
-        description="The class of a GPU no pod holds (default: the policy's default_class).",
-    )
-
-
-class AssignmentSettings(_Group):
-    """Where each GPU's priority class comes from."""
-
-    source: Literal["mqtt", "kubernetes", "file"] = Field(
-        "mqtt",
-        description="mqtt: the retained assign message (polca assign, a scheduler); "
-        "kubernetes: the pods holding the GPUs; file: a static YAML map.",
-    )
-    file: Path | None = Field(
-        None, description="The YAML map of the file source (watched; see docs/kubernetes.md)."
-    )
-    kubernetes: KubernetesAssignment = Field(default_factory=KubernetesAssignment)
-
-    @model_validator(mode="after")
-    def _file_given(self) -> Self:
-        if self.source == "file" and self.file is None:
-            msg = "assignment.source file needs assignment.file"
-            raise ValueError(msg)
-        return self
-
-
-class Settings(ProcessSettings):
-    """All settings of the node agent."""
-
-    topics: TopicSettings = Field(default_factory=TopicSettings)
-    gpu: GpuSettings = Field(default_factory=GpuSettings)
-    agent: AgentSettings = Field(default_factory=AgentSettings)
-    assignment: AssignmentSettings = Field(default_factory=AssignmentSettings)
-
-
 def read_secret(secret_file: Path | None, credential: str) -> str | None:
     """A secret from ``secret_file`` or the systemd credential ``credential``, if any.
 
@@ -662,6 +424,25 @@ def read_secret(secret_file: Path | None, credential: str) -> str | None:
     return None
 
 
+def broker_override(broker: str | None) -> dict[str, Any]:
+    """The ``mqtt`` settings a ``--broker host[:port]`` option overrides (none when unset).
+
+    Raises:
+        ConfigError: the port is not a number.
+    """
+    if not broker:
+        return {}
+    host, sep, port = broker.rpartition(":")
+    if not sep:
+        return {"host": broker}
+    if not port.isdigit():
+        from polca.errors import ConfigError  # noqa: PLC0415
+
+        msg = f"--broker {broker!r}: the port must be a number (host[:port])"
+        raise ConfigError(msg)
+    return {"host": host, "port": int(port)}
+
+
 def source_overrides(
     *,
     broker: str | None,
@@ -674,8 +455,7 @@ def source_overrides(
     meter``): ``--broker host[:port]``, ``--site``, ``--interval``, ``--log-*``."""
     over: dict[str, Any] = {}
     if broker:
-        host, sep, port = broker.rpartition(":")
-        over["mqtt"] = {"host": host, "port": int(port)} if sep else {"host": broker}
+        over["mqtt"] = broker_override(broker)
     if site:
         over["site"] = site
     if interval_s:
@@ -684,11 +464,6 @@ def source_overrides(
     if log_over:
         over["logging"] = log_over
     return over
-
-
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """The node agent's settings from YAML, the environment and ``overrides``."""
-    return load_settings_as(Settings, config_file, **overrides)
 
 
 def load_settings_as(

@@ -13,7 +13,8 @@ from typing import Any, TextIO
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from polca.settings import KubernetesAssignment, PriorityThreshold, Settings, load_settings
+from polca.agent.config import Settings, load_settings
+from polca.assign.config import KubernetesAssignment, PriorityThreshold
 
 _HEADER = """# Configuration reference
 
@@ -153,9 +154,9 @@ def render() -> str:
 
 def _facility_tables() -> list[str]:
     """``polca meter`` and ``polca cdu``: the site's PDUs, meters and CDUs."""
-    from polca.cooling.config import CduSettings  # noqa: PLC0415
-    from polca.cooling.redfish import RedfishCduConfig  # noqa: PLC0415
-    from polca.cooling.registers import ModbusCduConfig  # noqa: PLC0415
+    from polca.cdu.config import CduSettings  # noqa: PLC0415
+    from polca.cdu.redfish import RedfishCduConfig  # noqa: PLC0415
+    from polca.cdu.registers import ModbusCduConfig  # noqa: PLC0415
     from polca.meter.config import MeterRowConfig, MeterSettings  # noqa: PLC0415
     from polca.meter.modbus import MeterPoint, ModbusMeterConfig  # noqa: PLC0415
     from polca.meter.redfish import RedfishMeterConfig  # noqa: PLC0415

@@ -135,7 +135,7 @@ def _wide_reads(topology: Any, users: Any, simulated: Sequence[str]) -> dict[str
     Each mirrors polca's code (kept in step by tests/deploy/test_nats_roles.py): the
     viewer's are ``polca status``'s (polca/status.py, ``collect``), the scheduler's
     ``polca assign``'s lookup of a node (polca/assign/publish.py), a simulated CDU's
-    ``polca cdu simulate --rack``'s (polca/cooling/cli.py, ``Topics.all_nodes``).
+    ``polca cdu simulate --rack``'s (polca/cdu/cli.py, ``Topics.all_nodes``).
     """
     site = f"{topology.root}/{topology.site}"
     reads: dict[str, list[str]] = {

@@ -19,6 +19,7 @@ import pytest
 
 from polca.agent.actuator import GpuPlan
 from polca.agent.baseline import Baseline
+from polca.agent.config import AgentSettings
 from polca.agent.core import AgentCore
 from polca.agent.fleet import LOST_RETRY_S
 from polca.agent.messages import Health, Identity
@@ -37,7 +38,6 @@ from polca.gpu.clocks import snap_sm_clock_mhz
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
 from polca.policy.loader import revision_of
-from polca.settings import AgentSettings
 from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.schema import (
     Control,

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from polca.agent.config import AgentSettings
 from polca.agent.core import AgentCore
 from polca.agent.intake import REPORT_EVERY_S
 from polca.agent.plans import Effects
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
 from polca.policy.loader import revision_of
-from polca.settings import AgentSettings
 from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.schema import Assignment, Control, Event, PolicyBundle, encode
 from polca.telemetry.topics import NodeAddress, Topics

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from typing import Any
+
 import structlog
 from structlog.testing import capture_logs
 
-from polca.agent.silence import SilenceWatch, look, watch_for
+from polca.agent.silence import SilenceWatch, look, watch_for, watch_task
 from polca.telemetry.bus import BusStats
 
 S = 1_000_000_000
@@ -64,7 +68,8 @@ def test_a_watch_runs_only_with_a_bound_and_somewhere_to_go() -> None:
 class _Bus:
     """What ``look`` reads and calls of a bus: its counters and ``move_on``."""
 
-    def __init__(self) -> None:
+    def __init__(self, endpoint_count: int = 2) -> None:
+        self.endpoint_count = endpoint_count
         self.stats = BusStats(connects=1, endpoint="nats-1:8883")
         self.moves: list[str] = []
 
@@ -84,3 +89,24 @@ def test_a_look_moves_the_bus_on_once_per_silence_and_says_so() -> None:
     assert [(e["event"], e["endpoint"]) for e in logs] == [
         ("broker_silent_moving_on", "nats-1:8883")
     ]
+
+
+async def test_the_watch_task_looks_once_a_second_where_a_watch_runs() -> None:
+    """The agent's ``broker-silence`` loop: none without a bound or with one endpoint;
+    otherwise a look a second at the time and the last control heard, moving a silent bus."""
+    log = structlog.get_logger()
+    for bound, endpoints in ((None, 3), (10.0, 1)):
+        quiet: Any = _Bus(endpoints)
+        assert watch_task(bound, quiet, heard_ns=lambda: None, mono_ns=lambda: 0, log=log) is None
+    bus, now = _Bus(), [0]
+    seen: Any = bus
+    task = watch_task(0.5, seen, heard_ns=lambda: None, mono_ns=lambda: now[0], log=log)
+    assert task is not None
+    running = asyncio.ensure_future(task)
+    await asyncio.sleep(0.05)  # the first look, at 0 s: the silence starts
+    now[0] = S
+    await asyncio.sleep(1.1)  # the second, at "1 s": half a second over the bound
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    assert bus.moves == ["no control for 1 s"]

@@ -203,3 +203,62 @@ def test_a_quarantine_move_resubscribes_the_connections_it_names(tmp_path: Path)
     )
     connections.resubscribe({"nodes-0": shared}, moved)
     assert shared.filters == ("polca/v1/dc1/row1/r1/n2/telemetry",)
+
+
+def _buses(tmp_path: Path) -> tuple[MemoryBroker, Any, dict[str, Any]]:
+    broker = MemoryBroker()
+    settings = _settings(tmp_path, intake={"connections": 2})
+    control, intake = connections.make_buses(
+        broker.bus,
+        settings,
+        _core(settings).intake,
+        will=OutMessage("polca/v1/dc1/aggregator/agg/status", b"", qos=1, retain=True),
+        birth=list,
+        clock_ns=lambda: 0,
+        mono_ns=lambda: 0,
+    )
+    return broker, control, intake
+
+
+def test_the_supervised_connections_are_named_and_hand_every_message_over(
+    tmp_path: Path,
+) -> None:
+    """``mqtt`` for control, ``mqtt-<name>`` for each intake connection, ``etcd`` only with
+    an elector; every bus hands a received message to the one handler."""
+    broker, control, intake = _buses(tmp_path)
+    seen: list[str] = []
+    runs = connections.tasks(control, intake, None, handler=lambda m: seen.append(m.topic))
+    for run in runs.values():
+        run.close()  # not started here: only their names and handlers matter
+    assert set(runs) == {"mqtt", *(f"mqtt-{name}" for name in intake)}
+    for bus in (control, *intake.values()):
+        bus.connect()
+        bus.deliver(OutMessage("polca/v1/dc1/t", b"x"), retain=False)
+    assert seen == ["polca/v1/dc1/t"] * (1 + len(intake))
+    assert broker.published == []  # nothing went out
+
+
+def test_stats_name_each_connection_and_skip_one_not_made(tmp_path: Path) -> None:
+    _, control, intake = _buses(tmp_path)
+    control.connect()
+    assert set(connections.stats(control, intake)) == {"control", *intake}
+    assert connections.stats(control, intake)["control"].connects == 1
+    assert set(connections.stats(None, intake)) == set(intake)
+
+
+async def test_closing_sends_the_final_status_last_on_the_control_connection(
+    tmp_path: Path,
+) -> None:
+    """The intake connections close first, then control with the final status; resigning
+    without an elector does nothing."""
+    broker, control, intake = _buses(tmp_path)
+    for bus in (control, *intake.values()):
+        bus.connect()
+    final = OutMessage("polca/v1/dc1/aggregator/agg/status", b"offline", qos=1, retain=True)
+    log = structlog.get_logger()
+    await connections.resign(None, log)
+    await connections.close(control, intake, final=final, log=log)
+    assert broker.published == [final]
+    assert not any(bus.connected.is_set() for bus in (control, *intake.values()))
+    await connections.close(None, {}, final=final, log=log)  # nothing made: nothing to do
+    assert broker.published == [final]

@@ -19,7 +19,16 @@ from polca.aggregator.intake import node_shard
 from polca.export.sink import FanOut, MemorySink
 from polca.policy import PolicyStore
 from polca.telemetry.bus import InMessage
-from polca.telemetry.schema import Control, Event, GpuTelemetry, Meter, Status, Telemetry, encode
+from polca.telemetry.schema import (
+    Control,
+    Event,
+    GpuTelemetry,
+    Meter,
+    Status,
+    Telemetry,
+    decode,
+    encode,
+)
 
 POLICY = Path(__file__).resolve().parents[2] / "policies" / "polca-a100.yaml"
 BASE = "polca/v1/dc1/row1"
@@ -400,3 +409,21 @@ def test_a_quarantined_node_quiet_for_the_release_time_moves_back(tmp_path: Path
     assert stepped is not None
     (n1,) = [n for n in stepped.result.rows[0].nodes if n.node == "n1"]
     assert (n1.quarantined, n1.quarantine_releases) == (False, 1)
+
+
+def test_a_refused_policy_file_is_one_small_event_naming_the_revision_kept(
+    tmp_path: Path,
+) -> None:
+    """However many or long the problems, the event carries the first 20, each cut to
+    1,000 characters, and the revision still in force."""
+    core = _core(tmp_path)
+    message = core.policy_rejected([f"{i}:" + "x" * 5_000 for i in range(50)], now_ns=7)
+    assert message is not None
+    event = decode(message.payload)
+    assert isinstance(event, Event)
+    assert event.event == "policy_rejected"
+    problems = event.detail["problems"]
+    assert isinstance(problems, list)
+    assert [str(p).split(":")[0] for p in problems] == [str(i) for i in range(20)]
+    assert {len(str(p)) for p in problems} == {1000}
+    assert event.detail["revision_in_force"] == core.policy.revision

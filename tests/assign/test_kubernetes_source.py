@@ -10,11 +10,11 @@ from typing import NoReturn
 
 import pytest
 
+from polca.assign.config import KubernetesAssignment
 from polca.assign.kubernetes import KubernetesSource, node_name_of
 from polca.assign.model import AssignmentUpdate, PodDevices, PodMeta
 from polca.assign.rules import Classes
 from polca.errors import ConfigError, ReadingRejectedError, TransportError
-from polca.settings import KubernetesAssignment
 
 CLASSES = Classes(("high", "low"), default="low")
 GPUS = {"GPU-a": "GPU-a", "GPU-b": "GPU-b", "0": "GPU-a", "1": "GPU-b"}

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from polca.assign.config import KubernetesAssignment
 from polca.assign.kubernetes import Freshness
 from polca.assign.model import PodDevices, PodMeta, Workload
 from polca.assign.rules import Classes, Rules, fallback, node_update, pod_class
-from polca.settings import KubernetesAssignment
 
 CLASSES = Classes(("critical", "high", "low"), default="low")
 SETTINGS = KubernetesAssignment.model_validate(
@@ -109,9 +109,10 @@ def test_freshness_holds_the_map_for_the_grace_then_falls_back() -> None:
     assert fresh.stale(120.0) is None  # before the first read: the grace from the start
     assert fresh.stale(131.0) == "pod-resources unreadable for more than 30 s (never read)"
     assert fresh.stale(140.0) == fresh.stale(131.0)  # one reason for the whole outage
-    fresh.devices_ok_s = fresh.pods_ok_s = 131.0
+    fresh.devices.ok(131.0)
+    fresh.pods.ok(131.0)
     assert fresh.stale(160.0) is None
-    fresh.pods_ok_s = 165.0
+    fresh.pods.ok(165.0)
     assert (fresh.stale(162.0)) is not None  # pod-resources last read at 131
     assert "pod-resources" in (fresh.stale(162.0) or "")
 

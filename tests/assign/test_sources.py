@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from polca.assign.config import AssignmentSettings
 from polca.assign.model import AssignmentUpdate
 from polca.assign.rules import Classes
 from polca.assign.sources import FileSource, source_for, task_for
 from polca.errors import ConfigError
-from polca.settings import AssignmentSettings
 
 CLASSES = Classes(("high", "low"), "low")
 

@@ -246,16 +246,24 @@ class DictSession:
 def tree(chassis: list[tuple[str, str, bool]]) -> dict[str, dict[str, Any]]:
     """A service with these chassis: (id, ChassisType, has a power control)."""
     docs: dict[str, dict[str, Any]] = {
-        "/redfish/v1": {"Chassis": {"@odata.id": "/redfish/v1/Chassis"}},
+        "/redfish/v1": {
+            "@odata.type": "#ServiceRoot.v1_16_0.ServiceRoot",
+            "Chassis": {"@odata.id": "/redfish/v1/Chassis"},
+        },
         "/redfish/v1/Chassis": {
             "Members": [{"@odata.id": f"/redfish/v1/Chassis/{c}"} for c, _, _ in chassis]
         },
     }
     for cid, ctype, powered in chassis:
         path = f"/redfish/v1/Chassis/{cid}"
-        docs[path] = {"ChassisType": ctype, "Controls": {"@odata.id": f"{path}/Controls"}}
+        docs[path] = {
+            "@odata.type": "#Chassis.v1_23_0.Chassis",
+            "ChassisType": ctype,
+            "Controls": {"@odata.id": f"{path}/Controls"},
+        }
         docs[f"{path}/Controls"] = {"Members": [{"@odata.id": f"{path}/Controls/P"}]}
         docs[f"{path}/Controls/P"] = {
+            "@odata.type": "#Control.v1_3_0.Control",
             "ControlType": "Power" if powered else "Temperature",
             "SetPoint": 100,
         }
@@ -271,15 +279,22 @@ async def test_sub_component_only_when_nothing_else() -> None:
 
 
 async def test_discovery_is_bounded() -> None:
-    """At most MAX_CHASSIS chassis are examined; none with a control is 'unsupported'."""
-    many = [(f"c{i}", "RackMount", i == MAX_CHASSIS + 5) for i in range(MAX_CHASSIS + 10)]
+    """More than MAX_CHASSIS chassis are refused as 'oversized' before any is read (never
+    cut short: the node's control may be past the bound); MAX_CHASSIS are all examined."""
+    many = [(f"c{i}", "RackMount", i == MAX_CHASSIS) for i in range(MAX_CHASSIS + 1)]
     session = DictSession(tree(many))
-    with pytest.raises(ReadingRejectedError) as caught:
+    with pytest.raises(ReadingRejectedError, match=f"at most {MAX_CHASSIS}") as caught:
         await discover(session)
-    assert caught.value.reason == "unsupported"
-    examined = {p for p in session.gets if p.count("/") == 4 and p.startswith("/redfish/v1/Ch")}
-    assert len(examined) == MAX_CHASSIS
-    assert len(session.gets) <= 2 + MAX_CHASSIS * 3
+    assert caught.value.reason == "oversized"
+    assert session.gets == ["/redfish/v1", "/redfish/v1/Chassis"]
+    docs = tree(many[1:])  # MAX_CHASSIS, the only one with Controls last
+    for cid, _, powered in many[1:]:
+        if not powered:
+            del docs[f"/redfish/v1/Chassis/{cid}"]["Controls"]
+    bounded = DictSession(docs)
+    shape = await discover(bounded)
+    assert shape.control == f"/redfish/v1/Chassis/c{MAX_CHASSIS}/Controls/P"
+    assert len(bounded.gets) <= 2 + MAX_CHASSIS * 3
 
 
 async def test_broken_chassis_are_skipped() -> None:

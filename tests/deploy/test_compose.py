@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from polca.agent.config import load_settings
 from polca.aggregator.config import AggregatorSettings
-from polca.settings import load_settings, load_settings_as
+from polca.settings import load_settings_as
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

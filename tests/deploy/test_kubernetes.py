@@ -34,9 +34,10 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from polca.agent.config import Settings
 from polca.aggregator.config import AggregatorSettings
 from polca.aiokit import watch_file
-from polca.settings import Settings, load_settings_as
+from polca.settings import load_settings_as
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"

@@ -19,7 +19,7 @@ import aiomqtt
 import pytest
 import yaml
 
-from polca.settings import load_settings
+from polca.agent.config import load_settings
 from tests.deploy.mosquitto_rig import (
     COMPOSE_CONF,
     CONF,

@@ -80,7 +80,7 @@ WIDE_READS: dict[str, list[str]] = {
     ],
     # polca assign finding a node (polca/assign/publish.py).
     "polca-scheduler": [f"{TOPICS.root}/{SITE}/+/+/{name}/status" for name in S_NODES],
-    # polca cdu simulate --rack row2/rack9 (polca/cooling/cli.py).
+    # polca cdu simulate --rack row2/rack9 (polca/cdu/cli.py).
     "cdu2": [TOPICS.all_nodes(SITE, "row2", "telemetry")],
 }
 """The filters polca's tools subscribe with that are wider than the strict ACL's grants,

@@ -6,10 +6,10 @@ import argparse
 import typing
 
 from polca import cli
+from polca.gpu.config import BackendName, GpuSettings
 from polca.gpu.nvml import NvmlBackend
 from polca.gpu.registry import BACKEND_NAMES, BACKENDS, make_backend
 from polca.gpu.simulated import SimulatedBackend
-from polca.settings import BackendName, GpuSettings
 
 
 def test_the_registry_covers_exactly_the_settings_names() -> None:

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from polca.agent.config import Settings
 from polca.agent.runtime import Agent
 from polca.exits import EXITS_FILE
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
-from polca.settings import Settings
 from polca.telemetry.schema import Status
 from tests.integration.rig import ROOT, mqtt_config, mqtt_probe, wait_until
 from tests.mqtt_broker import MosquittoProcess

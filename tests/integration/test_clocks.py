@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from polca.agent.config import Settings
 from polca.agent.runtime import Agent
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.runtime import Aggregator
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
-from polca.settings import Settings
 from polca.telemetry.schema import Meter, encode
 from tests.integration.rig import mqtt_config, mqtt_probe, wait_until
 from tests.mqtt_broker import MosquittoProcess

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from polca.cooling.faults import FaultKind
-from polca.cooling.plant import SimulatedCdu
-from polca.cooling.ratings import CduRatings
+from polca.plant.cdu import SimulatedCdu
+from polca.plant.faults import FaultKind
+from polca.plant.ratings import CduRatings
 from polca.telemetry.schema import Control, CoolingAlarm, CoolingLoopState, Meter, encode
 from tests.fake_nvml import FakeNvml
 from tests.integration.aggregator_rig import AggregatorProcess

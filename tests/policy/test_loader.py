@@ -240,6 +240,25 @@ def test_store_without_good_policy(tmp_path: Path) -> None:
     assert store.current is None
 
 
+def test_load_first_reads_once_and_refuses_a_start_without_a_policy(
+    write_policy: WritePolicy, tmp_path: Path
+) -> None:
+    """A daemon's start-up: the file is read when nothing is in force yet, what is in force
+    is kept (a later bad file does not matter until a reload), and no valid policy at all
+    is a ``PolicyError`` naming the file and its problems."""
+    path = write_policy(BASE_YAML)
+    store = PolicyStore(path)
+    first = store.load_first()
+    assert first is store.current
+    path.write_text(broken("threshold_pct: 89", "threshold_pct: 70"), encoding="utf-8")
+    assert store.load_first() is first
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(PolicyError) as info:
+        PolicyStore(missing).load_first()
+    assert str(info.value).startswith(f"policy {missing} is invalid: ")
+    assert info.value.problems
+
+
 def test_store_replace_from_text(write_policy: WritePolicy) -> None:
     """A policy pushed as text replaces the file's when valid, and is refused otherwise."""
     store = PolicyStore(write_policy(BASE_YAML))

@@ -20,8 +20,9 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
+from polca.agent.config import Settings
 from polca.errors import TransportError
-from polca.settings import MqttSettings, Settings
+from polca.settings import MqttSettings
 from polca.telemetry.bus import MqttBus, OutMessage
 from tests.mqtt_broker import MosquittoFactory, MosquittoProcess, free_port
 from tests.telemetry.test_bus import inbox_get, next_message, observer, running, wait_until

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from polca.agent.config import Settings
 from polca.agent.runtime import Agent
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.runtime import Aggregator
@@ -27,7 +28,6 @@ from polca.errors import SchemaError
 from polca.export.sink import MemorySink
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
-from polca.settings import Settings
 from polca.telemetry.bus import InMessage
 from polca.telemetry.schema import decode, encode
 from polca.telemetry.topics import NodeAddress, Topics

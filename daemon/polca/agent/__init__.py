@@ -14,7 +14,3 @@ Shutdown order: stop the loops -> leave the GPUs as the end requires (``core.pla
 final state and an ``offline`` status, flush -> close the sinks (each bounded by
 ``polca.service.STOP_BOUNDS``) -> close the GPU backend -> note how the run ended.
 """
-
-from polca.agent.runtime import Agent
-
-__all__ = ["Agent"]

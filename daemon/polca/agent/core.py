@@ -35,6 +35,7 @@ from polca.agent import ending, messages
 from polca.agent.actuator import Actuator
 from polca.agent.baseline import BASELINE_FILE, Baseline
 from polca.agent.classes import ClassDwell
+from polca.agent.config import AgentSettings
 from polca.agent.control import Lease
 from polca.agent.fleet import GpuFleet
 from polca.agent.gpu_health import HealthTracker
@@ -59,7 +60,6 @@ from polca.assign.rules import Classes
 from polca.errors import GpuError
 from polca.gpu.backend import GpuHealth, GpuInfo, GpuSample, WriteResult
 from polca.policy import Decision, GpuTarget, LoadedPolicy, PolicyStore
-from polca.settings import AgentSettings
 from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.checks import DropLog
 from polca.telemetry.schema import Telemetry

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from polca.agent.classes import ClassDwell
+from polca.agent.config import AgentSettings
 from polca.agent.control import REFUSED, ControlTracker
 from polca.agent.plans import EventSink, LogBook
 from polca.assign.model import AssignmentUpdate
@@ -29,7 +30,6 @@ from polca.errors import SchemaError
 from polca.gpu.backend import GpuInfo
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.policy.loader import revision_of
-from polca.settings import AgentSettings
 from polca.telemetry.bus import InMessage
 from polca.telemetry.checks import ClockWindow, DropLog, RateGate
 from polca.telemetry.schema import Assignment, Control, PolicyBundle, decode

@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polca.errors import PolicyError
+from polca.agent.config import AgentSettings
 from polca.policy import PolicyStore
-from polca.settings import AgentSettings
 
 REMOTE_POLICY_FILE = "policy.remote.yaml"
 
@@ -37,13 +36,7 @@ def load_at_start(store: PolicyStore, settings: AgentSettings, log: Any) -> bool
         remote = result.ok
         if not result.ok:
             log.error("policy_copy_invalid", path=str(copy), problems=list(result.errors))
-    if store.current is None:
-        result = store.reload()
-        if store.current is None:
-            problems = "; ".join(result.errors) if result.errors else "unknown error"
-            msg = f"policy {settings.policy_file} is invalid: {problems}"
-            raise PolicyError(msg, problems=tuple(result.errors))
-    loaded = store.current
+    loaded = store.load_first()
     log.info(
         "policy_loaded", policy=loaded.policy.name, revision=loaded.revision, path=str(loaded.path)
     )

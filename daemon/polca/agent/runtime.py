@@ -1,10 +1,10 @@
 """The node agent's shell: one TaskGroup owning every loop, ordered start and stop.
 
-Decisions live in ``core.py``; this module moves data between the core, the clocks, the
-bus and the GPU thread (``gpus.py``), and carries out what the core returns (``plans.py``:
-GPU writes, messages, log lines, systemd's status). The telemetry loop is
+Decisions live in ``core.py``; the GPU round trips are ``driver.py``'s, the telemetry loop
 ``publisher.py``'s, the broker-silence watch ``silence.py``'s, the assignment source
-``assign/sources.py``'s. The start-up and shutdown orders are in the package's docstring.
+``assign/sources.py``'s. This module starts the tasks, moves messages between the bus and
+the core and emits the effects the core returns. Start-up and shutdown: the package's
+docstring.
 
 Tasks (all under ``aiokit.guard``): ``mqtt`` (the bus; outlives the rest so the final
 status goes out), ``sampler``, ``controller`` (woken by each tick, accepted control message
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import structlog
@@ -25,21 +25,21 @@ import structlog
 from polca import aiokit, service
 from polca.agent import messages, policy_copy, silence
 from polca.agent.actuator import ApplyResult
+from polca.agent.config import Settings
 from polca.agent.core import AgentCore
+from polca.agent.driver import GpuDriver
 from polca.agent.gpus import NodeGpus
-from polca.agent.plans import Effects
+from polca.agent.plans import Effects, Received
 from polca.agent.publisher import TelemetryPublisher
-from polca.agent.silence import watch_for
 from polca.assign.model import AssignmentUpdate
 from polca.assign.rules import gpu_keys
 from polca.assign.sources import task_for
 from polca.exits import ExitRecord
 from polca.export.sink import FanOut, Sink
-from polca.gpu.backend import GpuBackend, GpuSample
+from polca.gpu.backend import GpuBackend
 from polca.gpu.threaded import ThreadedGpu
 from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
-from polca.settings import Settings
 from polca.telemetry.bus import Bus, BusFactory, InMessage, MqttBus, OutMessage
 from polca.telemetry.topics import NodeAddress, Topics
 
@@ -85,6 +85,9 @@ class Agent:
         self.stop_requested = asyncio.Event()
         self.started_mono_ns = mono_ns()
         self.bus: Bus | None = None
+        self.driver = GpuDriver(
+            self.core, self.gpus, carry_out=self._carry_out, clock_ns=clock_ns, mono_ns=mono_ns
+        )
         self.telemetry = TelemetryPublisher(
             self.core,
             self.gpus,
@@ -102,7 +105,9 @@ class Agent:
             notifier=self.notifier,
             log=self.log,
             status_line=self.core.status_line,
-            on_rejected=self._policy_rejected,
+            on_rejected=lambda problems: self._carry_out(
+                self.core.policy_rejected(problems, now_ns=self.clock_ns())
+            ),
             on_changed=self._policy_changed,
         )
 
@@ -122,31 +127,16 @@ class Agent:
                 await self.gpus.close(self.settings.agent.stop_timeout_s)
 
     async def start(self) -> None:
-        """Start-up, up to the bus (made, not connected) and before the loops.
-
-        ``run()`` calls it; a test that drives the loop bodies itself (``tick``,
-        ``handle_message``, ``control_step``, ``publish_telemetry``) calls it, connects a
-        ``MemoryBus`` and ends with ``stop()``.
-        """
-        infos = await self.gpus.open()
-        grace_ns = int(self.settings.agent.startup_grace_s * 1e9)
-        self._carry_out(
-            self.core.discovered(infos, grace_until_mono_ns=self.started_mono_ns + grace_ns)
+        """Start-up, up to the bus (made, not connected) and before the loops: ``run()``
+        calls it, and a test that drives the loop bodies (``tick``, ``handle_message``,
+        ``control_step``) itself, with a ``MemoryBus``, ending with ``stop()``."""
+        await self.driver.take_over(
+            self.settings.agent,
+            policy_store=self.policy_store,
+            started_mono_ns=self.started_mono_ns,
+            log=self.log,
         )
         self.telemetry.start()
-        samples = list((await self._sample_once()).values())
-        self.core.adopt(samples)
-        self.core.remote_policy = policy_copy.load_at_start(
-            self.policy_store, self.settings.agent, self.log
-        )
-        if not self.settings.agent.observe_only:
-            # Before anything else: a run that did not restore leaves at least fail-safe caps.
-            existing = self.gpus.load_baseline()
-            if existing is not None:
-                plan = self.core.resume(existing, now_mono_ns=self.mono_ns())
-                results = await self.gpus.write(plan.writes)
-                self._carry_out(self.core.note_resume(plan, results, now_ns=self.clock_ns()))
-            self.gpus.save_baseline(self.core.capture_baseline(samples, now_ns=self.clock_ns()))
         self.bus = self.bus_factory(
             self.settings.mqtt,
             client_id=self.settings.mqtt.client_id or f"polca-agent-{self.core.addr.node}",
@@ -180,8 +170,7 @@ class Agent:
                     first_after_s=a.publish_interval_s,
                 ),
                 **({"sinks": self.sinks.run()} if self.sinks else {}),
-                **self._silence_watch(),
-                **self._assignment_tasks(),
+                **self._optional_tasks(),
                 **service.side_tasks(
                     policy_file=a.policy_file,
                     debounce_s=a.policy_reload_debounce_s,
@@ -202,30 +191,13 @@ class Agent:
         self.notifier.stopping()
         if self.bus is not None:
             self.bus.set_handler(None)  # stopping: no message starts another control step
-        reason = await self._leave_gpus(clean=clean)
+        reason = await self.driver.leave(clean=clean, timeout_s=self.settings.agent.stop_timeout_s)
+        bounds = service.STOP_BOUNDS
         if self.bus is not None:
-            final = [self._status_message("offline", reason=reason)]
-            await service.bounded(
-                self.bus.close(final=final),
-                service.STOP_BOUNDS.final_messages_s,
-                "final_status_not_sent",
-                self.log,
-            )
+            close = self.bus.close(final=[self._status_message("offline", reason=reason)])
+            await service.bounded(close, bounds.final_messages_s, "final_status_not_sent", self.log)
         if self.sinks:
-            await self.sinks.close(timeout_s=service.STOP_BOUNDS.sinks_s)
-
-    async def _leave_gpus(self, *, clean: bool) -> str:
-        """Leave the GPUs as the end of control requires; the reason for the final status."""
-        timeout_s = self.settings.agent.stop_timeout_s
-        plan = self.core.plan_stop(clean=clean, now_mono_ns=self.mono_ns())
-        results = (
-            await self.gpus.carry_out_stop(plan, timeout_s=timeout_s) if plan.mode != "none" else []
-        )
-        stopped = self.core.note_stop(plan, results, timeout_s=timeout_s, now_ns=self.clock_ns())
-        if stopped.remove_baseline:
-            self.gpus.remove_baseline()
-        self._carry_out(stopped.effects)
-        return stopped.reason
+            await self.sinks.close(timeout_s=bounds.sinks_s)
 
     # ------------------------------------------------------------------ effects out
 
@@ -235,32 +207,13 @@ class Agent:
             getattr(self.log, line.level)(line.event, **line.fields)
         connected = self.bus is not None and self.bus.connected.is_set()
         for message in effects.to_send(status_topic=self._status_topic, connected=connected):
-            self._publish(message)
+            if self.bus is not None:  # before the bus exists (start-up): nowhere to go
+                self.bus.publish_nowait(message)
         if effects.status_line is not None:
             self.notifier.status(effects.status_line)
 
-    def _publish(self, message: OutMessage) -> None:
-        # Before the bus exists (start-up), a message has nowhere to go: dropped.
-        if self.bus is not None:
-            self.bus.publish_nowait(message)
-
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
         return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason)
-
-    def _silence_watch(self) -> dict[str, Coroutine[Any, Any, None]]:
-        """With several broker endpoints, the loop that leaves a silent one (``silence.py``)."""
-        bus = self.bus
-        if bus is None:
-            return {}
-        watch = watch_for(self.settings.agent.control_silence_failover_s, bus.endpoint_count)
-        if watch is None:
-            return {}
-
-        def once() -> None:
-            heard_ns = self.core.intake.last_control_mono_ns
-            silence.look(watch, bus, now_ns=self.mono_ns(), heard_ns=heard_ns, log=self.log)
-
-        return {"broker-silence": aiokit.every(1.0, once)}
 
     def _birth(self) -> list[OutMessage]:
         endpoint = self.bus.stats.endpoint if self.bus is not None else None
@@ -268,18 +221,10 @@ class Agent:
 
     # ------------------------------------------------------------------ loops
 
-    async def _sample_once(self) -> Mapping[int, GpuSample]:
-        now_s = asyncio.get_running_loop().time()
-        indices = self.core.sample_indices(now_s)
-        results = await self.gpus.sample(indices)
-        sampled = self.core.note_samples(indices, results, now_s=now_s, now_ns=self.clock_ns())
-        self._carry_out(sampled.effects)
-        return sampled.samples
-
     async def tick(self) -> None:
         """One sampling tick: read every GPU, then wake the controller."""
         start = time.perf_counter()
-        samples = await self._sample_once()
+        samples = await self.driver.sample()
         self.telemetry.sampled(samples.values(), duration_s=time.perf_counter() - start)
         self._wake.set()
 
@@ -291,52 +236,49 @@ class Agent:
             self.gate.beat()
 
     async def control_step(self) -> ApplyResult | None:
-        """Have the core decide for now, make the writes it plans and feed their results
-        back; returns what the writes did (None: nothing was written)."""
-        plan = self.core.control_step(now_mono_ns=self.mono_ns(), now_ns=self.clock_ns())
-        self._carry_out(plan.effects)
-        if not plan.writes:
-            return None
-        results = await self.gpus.write(plan.writes)
-        applied = self.core.note_step(
-            plan,
-            results,
-            now_s=asyncio.get_running_loop().time(),
-            now_ns=self.clock_ns(),
-            now_mono_ns=self.mono_ns(),
-        )
-        self._carry_out(applied.effects)
-        return applied.result
+        """One control step (``driver.py``); what its writes did (None: nothing written)."""
+        return await self.driver.step()
 
     def handle_message(self, message: InMessage) -> None:
         """Act on one received message; count and drop a bad one. Never raises."""
         received = self.core.receive(message)
         if received.policy_copy is not None:
             policy_copy.save(self.settings.agent, received.policy_copy, self.log)
-        self._carry_out(received.effects)
-        if received.wake:
-            self._wake.set()
+        self._take(received)
 
     # ------------------------------------------------------------------ assignment
 
     def assigned(self, update: AssignmentUpdate) -> None:
         """Take an assignment source's update (the MQTT one comes as a message)."""
-        received = self.core.assign(update, now_mono_ns=self.mono_ns(), now_ns=self.clock_ns())
+        self._take(self.core.assign(update, now_mono_ns=self.mono_ns(), now_ns=self.clock_ns()))
+
+    def _take(self, received: Received) -> None:
         self._carry_out(received.effects)
         if received.wake:
             self._wake.set()
 
-    def _assignment_tasks(self) -> dict[str, Coroutine[Any, Any, object]]:
-        """The configured assignment source's task (``assign/sources.py``)."""
-        task = task_for(
-            self.settings.assignment,
-            node=self.core.addr.node,
-            debounce_s=self.settings.agent.policy_reload_debounce_s,
-            on_update=self.assigned,
-            gpus=lambda: gpu_keys(self.core.infos.values()),
-            classes=self.core.policy_classes,
-        )
-        return {"assignment": task} if task is not None else {}
+    def _optional_tasks(self) -> dict[str, Coroutine[Any, Any, object]]:
+        """The configured assignment source's task (``assign/sources.py``) and, with several
+        broker endpoints, the loop that leaves a silent one (``silence.py``)."""
+        assert self.bus is not None  # noqa: S101 - made by start()
+        tasks = {
+            "assignment": task_for(
+                self.settings.assignment,
+                node=self.core.addr.node,
+                debounce_s=self.settings.agent.policy_reload_debounce_s,
+                on_update=self.assigned,
+                gpus=lambda: gpu_keys(self.core.infos.values()),
+                classes=self.core.policy_classes,
+            ),
+            "broker-silence": silence.watch_task(
+                self.settings.agent.control_silence_failover_s,
+                self.bus,
+                heard_ns=lambda: self.core.intake.last_control_mono_ns,
+                mono_ns=self.mono_ns,
+                log=self.log,
+            ),
+        }
+        return {name: task for name, task in tasks.items() if task is not None}
 
     # ------------------------------------------------------------------ policy
 
@@ -347,9 +289,6 @@ class Agent:
             self._carry_out(ignored)
             return False
         return self.reloader.reload(trigger=trigger)
-
-    def _policy_rejected(self, problems: Sequence[str]) -> None:
-        self._carry_out(self.core.policy_rejected(problems, now_ns=self.clock_ns()))
 
     def _policy_changed(self) -> None:
         self._carry_out(self.core.policy_reloaded_from_file(now_ns=self.clock_ns()))

@@ -1,14 +1,17 @@
 """When an agent leaves a broker endpoint that is connected but carries no control.
 
-Pure: ``watch_for`` says whether to watch at all; the runtime (``runtime.py``) feeds the
-watch the time and the bus's counters once a second and calls ``Bus.move_on`` with the
-reason it returns.
+``watch_for`` says whether to watch at all and ``SilenceWatch`` when to move (pure);
+``look`` feeds the watch the time and the bus's counters and calls ``Bus.move_on`` with
+the reason it returns; ``watch_task`` is the loop the runtime (``runtime.py``) starts, a
+look once a second.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from typing import Any
 
+from polca import aiokit
 from polca.telemetry.bus import Bus
 
 _MAX_SILENCE_S = 300.0
@@ -73,3 +76,24 @@ def look(
         log.warning("broker_silent_moving_on", endpoint=stats.endpoint, why=reason)
         bus.move_on(reason)
     return reason
+
+
+def watch_task(
+    silence_s: float | None,
+    bus: Bus,
+    *,
+    heard_ns: Callable[[], int | None],
+    mono_ns: Callable[[], int],
+    log: Any,
+) -> Coroutine[Any, Any, None] | None:
+    """The agent's ``broker-silence`` loop (a ``look`` a second), or None when
+    ``watch_for`` says not to watch. ``heard_ns``: when the last live control message
+    arrived (monotonic), read at each look."""
+    watch = watch_for(silence_s, bus.endpoint_count)
+    if watch is None:
+        return None
+
+    def once() -> None:
+        look(watch, bus, now_ns=mono_ns(), heard_ns=heard_ns(), log=log)
+
+    return aiokit.every(1.0, once)

@@ -19,7 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from polca.aggregator.witness import WitnessSettings
 from polca.bmc.config import BmcSettings
 from polca.cooling.loops import CoolingSettings
-from polca.settings import DEFAULT_TOPIC_ROOT, InfluxSettings, ProcessSettings, read_secret
+from polca.settings import (
+    DEFAULT_TOPIC_ROOT,
+    TOPIC_SEGMENT,
+    InfluxSettings,
+    ProcessSettings,
+    SiteName,
+    TopicRoot,
+    read_secret,
+)
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES, MAX_ROW_NODES, MAX_ROW_RACKS
 
 MAX_BUDGET_W = 1e9
@@ -30,7 +38,7 @@ MAX_DECLARED_NODE_W = 1e6
 MAX_GPU_W = 1e4
 """One GPU's declared or assumed maximum power."""
 
-_NAME = r"^[A-Za-z0-9_.-]{1,128}$"
+_NAME = TOPIC_SEGMENT
 RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator"})
 """Levels under a site that polca's own topics use (see ``polca.telemetry.topics``)."""
 
@@ -400,13 +408,13 @@ class HaSettings(_Model):
 class AggregatorSettings(ProcessSettings):
     """All settings of the aggregator."""
 
-    site: str = Field("site", pattern=_NAME, description="Site name (topic segment).")
+    site: SiteName = "site"
     instance: str = Field(
         default_factory=lambda: socket.gethostname().split(".")[0] or "aggregator",
         pattern=_NAME,
         description="This aggregator's name (client id, status topic).",
     )
-    topic_root: str = Field(DEFAULT_TOPIC_ROOT, description="MQTT topic root, with the version.")
+    topic_root: TopicRoot = DEFAULT_TOPIC_ROOT
     policy_file: Path = Field(
         Path("/etc/polca/policy.yaml"), description="The policy (source of the node policy)."
     )

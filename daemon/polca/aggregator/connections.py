@@ -17,14 +17,16 @@ runs and closes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from polca import service
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.intake import Intake, NodeMoveKind, node_shard
 from polca.coord.etcd import Elector, EtcdClient
 from polca.coord.leadership import Leadership
-from polca.telemetry.bus import Bus, BusFactory, OutMessage
+from polca.telemetry.bus import Bus, BusFactory, BusStats, InMessage, OutMessage
 
 Subscriptions = list[tuple[str, int]]
 """Topic filters with their QoS, as a bus subscribes them."""
@@ -33,12 +35,16 @@ __all__ = [
     "NodeMove",
     "Subscriptions",
     "client_id",
+    "close",
     "elector",
     "intake_cut",
     "intake_plan",
     "make_buses",
     "move_node",
+    "resign",
     "resubscribe",
+    "stats",
+    "tasks",
 ]
 
 
@@ -169,6 +175,53 @@ def intake_cut(control: Bus | None, intake: Mapping[str, Bus]) -> bool:
     that connection till then, so the rows' inputs are cut (``RowSet.intake_cut``)."""
     buses = (control, *intake.values())
     return any(bus is not None and not bus.subscribed.is_set() for bus in buses)
+
+
+def tasks(
+    control: Bus,
+    intake: Mapping[str, Bus],
+    elector: Elector | None,
+    *,
+    handler: Callable[[InMessage], None],
+) -> dict[str, Coroutine[Any, Any, object]]:
+    """The connections the shell supervises, by task name: ``mqtt`` (the control
+    connection), ``mqtt-<name>`` for each intake one, ``etcd`` with an elector. Every bus
+    hands each received message to ``handler`` on arrival."""
+    runs: dict[str, Coroutine[Any, Any, object]] = {"mqtt": control.run()}
+    control.set_handler(handler)
+    for name, bus in intake.items():
+        bus.set_handler(handler)
+        runs[f"mqtt-{name}"] = bus.run()
+    if elector is not None:
+        runs["etcd"] = elector.run()
+    return runs
+
+
+def stats(control: Bus | None, intake: Mapping[str, Bus]) -> dict[str, BusStats]:
+    """Each MQTT connection's counters, by name (``control`` and the intake ones)."""
+    buses = {"control": control, **intake}
+    return {name: bus.stats for name, bus in buses.items() if bus is not None}
+
+
+async def resign(elector: Elector | None, log: Any) -> None:
+    """Give up the lead at a stop (a standby leads at its next campaign), bounded."""
+    if elector is not None:
+        bound_s = service.STOP_BOUNDS.session_s
+        await service.bounded(elector.resign(), bound_s, "leadership_not_resigned", log)
+        await elector.client.close()
+
+
+async def close(
+    control: Bus | None, intake: Mapping[str, Bus], *, final: OutMessage, log: Any
+) -> None:
+    """Close the intake connections, then the control one with ``final`` (the ``offline``
+    status) sent first, each bounded (``service.STOP_BOUNDS``)."""
+    bounds = service.STOP_BOUNDS
+    for bus in intake.values():
+        await service.bounded(bus.close(), bounds.intake_s, "intake_connection_not_closed", log)
+    if control is not None:
+        done = control.close(final=[final])
+        await service.bounded(done, bounds.final_messages_s, "final_status_not_sent", log)
 
 
 def resubscribe(intake: Mapping[str, Bus], moved: NodeMove) -> None:

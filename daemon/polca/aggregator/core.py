@@ -392,6 +392,15 @@ class AggregatorCore:
             self.topics, site=s.site, instance=s.instance, name=name, detail=detail, now_ns=now_ns
         )
 
+    def policy_rejected(self, problems: Sequence[str], *, now_ns: int) -> OutMessage | None:
+        """The event of a policy file refused on reload: its first 20 problems, each cut to
+        1,000 characters (one event stays small whatever the file), and the revision kept."""
+        detail = {
+            "problems": [p[:1000] for p in problems[:20]],
+            "revision_in_force": self.policy.revision,
+        }
+        return self.event("policy_rejected", detail, now_ns=now_ns)
+
     def status_line(self) -> str:
         """systemd's ``STATUS=``: the rows' levels, the policy, a crash loop."""
         levels = ", ".join(f"{row}={name}" for row, name in self.rows.row_levels().items())

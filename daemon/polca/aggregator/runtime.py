@@ -1,17 +1,10 @@
 """The aggregator's shell: supervision, the clocks, the buses and the sinks.
 
 Decisions live in ``core.py`` (``AggregatorCore``: what each received message and each
-control step lead to, with the HA rules of ``coord/leadership.py`` and the write intervals
-of ``export/schedule.py``), ``step.py`` (the control step) and ``connections.py`` (which
-connection carries what); this module only moves data between them, the clocks, the buses
-and the sinks, in the agent's shape: ``start()``, ``stop(clean=...)``, ``run()``.
-
-Start-up: note the run in the exit record -> load the policy (fatal if invalid) -> make
-the buses -> systemd READY=1 -> connections (``mqtt``, which outlives the loops so the
-final status goes out; ``mqtt-<name>``, the intake's; ``sinks``; ``etcd`` with ``ha``) and
-loops (``control``: every interval, or at once when woken; ``polca.service``'s side tasks).
-Shutdown: resign the lead -> close the sinks, the intake connections, the control one with
-the final ``offline`` status (``stopped`` after a clean stop, else ``failed``); bounded.
+control step lead to), ``step.py`` (the control step) and ``connections.py`` (which
+connection carries what, how the connections start and close); this module only moves
+data between them, the clocks, the buses and the sinks, in the agent's shape: ``start()``,
+``stop(clean=...)``, ``run()``. Start-up and shutdown: the package's docstring.
 """
 
 from __future__ import annotations
@@ -30,12 +23,11 @@ from polca.aggregator.core import AggregatorCore
 from polca.aggregator.step import StepResult
 from polca.bmc.actuator import BmcActuator, Connector, OobOutcome
 from polca.coord.etcd import Elector
-from polca.errors import PolicyError
 from polca.exits import ExitRecord
 from polca.export.sink import FanOut, Sink
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
-from polca.telemetry.bus import Bus, BusFactory, BusStats, InMessage, MqttBus, OutMessage
+from polca.telemetry.bus import Bus, BusFactory, InMessage, MqttBus, OutMessage
 
 _Task = Coroutine[Any, Any, object]
 
@@ -80,18 +72,16 @@ class Aggregator:
             notifier=self.notifier,
             log=self.log,
             status_line=self.core.status_line,
-            on_rejected=lambda problems: self._event(
-                "policy_rejected",
-                problems=[p[:1000] for p in problems[:20]],
-                revision_in_force=self.policy.revision,
+            on_rejected=lambda problems: self._publish(
+                self.core.policy_rejected(problems, now_ns=self.clock_ns())
             ),
             on_changed=self._policy_changed,
         )
-        self.bmc: BmcActuator | None = None
-        if settings.bmc.nodes:  # out-of-band caps: off without BMCs
-            self.bmc = BmcActuator(
-                settings.bmc, on_outcome=self._oob_outcome, connector=bmc_connector
-            )
+        self.bmc = (  # out-of-band caps: off without BMCs
+            BmcActuator(settings.bmc, on_outcome=self._oob_outcome, connector=bmc_connector)
+            if settings.bmc.nodes
+            else None
+        )
 
     @property
     def policy(self) -> LoadedPolicy:
@@ -109,17 +99,11 @@ class Aggregator:
             await self._supervise()
 
     async def start(self) -> None:
-        """Start-up, up to the buses (made, not connected) and before the loops.
-
-        ``run()`` calls it; a test that drives the loop bodies itself (``handle_message``,
-        ``control_step``) calls it, connects ``MemoryBus``es and ends with ``stop()``.
-        """
+        """Start-up, up to the buses (made, not connected) and before the loops: ``run()``
+        calls it, and a test that drives the loop bodies (``handle_message``,
+        ``control_step``) itself, with ``MemoryBus``es, ending with ``stop()``."""
         s = self.settings
-        result = self.policy_store.reload()
-        if self.policy_store.current is None:
-            problems = "; ".join(result.errors) or "unknown error"
-            msg = f"policy {s.policy_file} is invalid: {problems}"
-            raise PolicyError(msg, problems=result.errors)
+        self.policy_store.load_first()
         if not s.rows:
             self.log.warning("no_rows_configured", hint="add rows: to the configuration")
         self.bus, self.intake_buses = connections.make_buses(
@@ -153,18 +137,16 @@ class Aggregator:
         self.notifier.ready(self.core.status_line())
         # Each received message is handled on arrival (``handle_message`` never raises):
         # no inbox to wait in, no task switch per message.
-        self.bus.set_handler(self.handle_message)
-        conns: dict[str, _Task] = {"mqtt": self.bus.run(), "sinks": self.sinks.run()}
-        for name, bus in self.intake_buses.items():
-            bus.set_handler(self.handle_message)
-            conns[f"mqtt-{name}"] = bus.run()
-        if self.elector is not None:
-            conns["etcd"] = self.elector.run()
+        conns = connections.tasks(
+            self.bus, self.intake_buses, self.elector, handler=self.handle_message
+        )
         extra: dict[str, _Task] = {"bmc": self.bmc.run()} if self.bmc is not None else {}
         await service.supervise(
-            connections=conns,
+            connections={**conns, "sinks": self.sinks.run()},
             loops={
-                "control": self._control_loop(),
+                "control": aiokit.every_or_woken(
+                    self.settings.control.interval_s, self.control_wake, self._control_tick
+                ),
                 **extra,
                 **service.side_tasks(
                     policy_file=self.settings.policy_file,
@@ -183,29 +165,17 @@ class Aggregator:
         )
 
     async def _shutdown(self, *, clean: bool) -> None:
-        """Resign the lead, close the sinks and the buses (final ``offline`` status), bounded.
-
-        Control messages stay retained: agents keep the last level until the lease ends,
-        then apply their fail-safe caps (a restarted aggregator takes over from them).
-        """
+        """The package's shutdown order. Control messages stay retained: agents keep the
+        last level until the lease ends, then apply their fail-safe caps."""
         bounds, log = service.STOP_BOUNDS, self.log
         self.notifier.stopping()
         if self.bmc is not None:  # caps in force stay: a restarted leader takes over
-            await service.bounded(
-                self.bmc.close(), bounds.session_s, "bmc_sessions_not_closed", log
-            )
-        if self.elector is not None:
-            # A standby leads at its next campaign.
-            resign = self.elector.resign()
-            await service.bounded(resign, bounds.session_s, "leadership_not_resigned", log)
-            await self.elector.client.close()
+            close = self.bmc.close()
+            await service.bounded(close, bounds.session_s, "bmc_sessions_not_closed", log)
+        await connections.resign(self.elector, log)
         await self.sinks.close(timeout_s=bounds.sinks_s)
-        for bus in self.intake_buses.values():
-            await service.bounded(bus.close(), bounds.intake_s, "intake_connection_not_closed", log)
-        if self.bus is not None:
-            final = self._status_message("offline", reason="stopped" if clean else "failed")
-            close = self.bus.close(final=[final])
-            await service.bounded(close, bounds.final_messages_s, "final_status_not_sent", log)
+        final = self._status_message("offline", reason="stopped" if clean else "failed")
+        await connections.close(self.bus, self.intake_buses, final=final, log=log)
 
     # ------------------------------------------------------------------ messages out
 
@@ -215,10 +185,8 @@ class Aggregator:
 
     def _status_message(self, state: str, *, reason: str | None = None) -> OutMessage:
         # The endpoint is known before the bus says it is connected (the birth's status).
-        endpoint = self.bus.stats.endpoint if self.bus is not None else None
-        return self.core.status_message(
-            state, now_ns=self.clock_ns(), reason=reason, endpoint=endpoint
-        )
+        at = self.bus.stats.endpoint if self.bus is not None else None
+        return self.core.status_message(state, now_ns=self.clock_ns(), reason=reason, endpoint=at)
 
     def _publish_status(self) -> None:
         """The status now, when connected; otherwise the next connection's birth carries
@@ -229,10 +197,7 @@ class Aggregator:
     def _birth(self) -> list[OutMessage]:
         """What every new control connection publishes first: the status (naming the
         endpoint) and the policies."""
-        return [self._status_message("online"), *self._policy_messages()]
-
-    def _policy_messages(self) -> list[OutMessage]:
-        return self.core.policy_messages(now_ns=self.clock_ns())
+        return [self._status_message("online"), *self.core.policy_messages(now_ns=self.clock_ns())]
 
     def _event(self, name: str, **detail: object) -> None:
         self._publish(self.core.event(name, detail, now_ns=self.clock_ns()))
@@ -276,23 +241,16 @@ class Aggregator:
 
     # ------------------------------------------------------------------ control
 
-    async def _control_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self.settings.control.interval_s
-        next_t = loop.time() + interval
-        while True:
-            woken = await aiokit.wait_first(self.control_wake, max(0.0, next_t - loop.time()))
-            self.control_wake.clear()
-            if not woken:
-                next_t = max(next_t + interval, loop.time())
-            self.control_step(self.mono_ns() / 1e9)
-            self.gate.beat()
+    def _control_tick(self) -> None:
+        self.control_step(self.mono_ns() / 1e9)
+        self.gate.beat()
 
     def control_step(self, now_s: float) -> StepResult | None:
         """Run one control step (``AggregatorCore.step``); publish and write what it
         decided. Never raises: a failed step publishes nothing and is retried."""
-        cut = connections.intake_cut(self.bus, self.intake_buses)
-        self.core.rows.intake_cut(cut=cut, now_s=now_s)
+        self.core.rows.intake_cut(
+            cut=connections.intake_cut(self.bus, self.intake_buses), now_s=now_s
+        )
         stepped = self.core.step(now_s, now_ns=self.clock_ns(), now_mono_ns=self.mono_ns())
         if stepped is None:
             return None
@@ -308,7 +266,10 @@ class Aggregator:
             self.notifier.status(self.core.status_line())
         if self.sinks:
             batch = self.core.step_points(
-                stepped.result, sinks=self.sinks, now_s=now_s, connections=self._bus_stats()
+                stepped.result,
+                sinks=self.sinks,
+                now_s=now_s,
+                connections=connections.stats(self.bus, self.intake_buses),
             )
             if batch is not None:
                 self.sinks.write(batch)
@@ -316,11 +277,6 @@ class Aggregator:
 
     def _log_line(self, level: str, event: str, fields: dict[str, object]) -> None:
         getattr(self.log, level)(event, **fields)
-
-    def _bus_stats(self) -> dict[str, BusStats]:
-        """Each MQTT connection's counters, by name (``control`` and the intake ones)."""
-        buses = {"control": self.bus, **self.intake_buses}
-        return {name: bus.stats for name, bus in buses.items() if bus is not None}
 
     def _oob_outcome(self, outcome: OobOutcome) -> None:
         """One out-of-band write ended: log it, publish the event, write the point."""
@@ -337,7 +293,7 @@ class Aggregator:
         return self.reloader.reload(trigger=trigger)
 
     def _policy_changed(self) -> None:
-        for message in self._policy_messages():
+        for message in self.core.policy_messages(now_ns=self.clock_ns()):
             self._publish(message)
         self._publish_status()
         self._event("policy_published", revision=self.policy.revision)

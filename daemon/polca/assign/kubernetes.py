@@ -19,16 +19,17 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 import structlog
 
 from polca import aiokit
+from polca.assign.config import KubernetesAssignment
 from polca.assign.model import AssignmentUpdate, PodDevices, PodMeta
 from polca.assign.rules import Classes, Rules, fallback, node_update
 from polca.errors import ConfigError, ReadingRejectedError, TransportError
-from polca.settings import KubernetesAssignment
+from polca.outages import OutageBook
 
 __all__ = ["DeviceLister", "Freshness", "KubernetesSource", "PodSource", "node_name_of"]
 
@@ -83,23 +84,20 @@ def node_name_of(settings: KubernetesAssignment) -> str:
 
 @dataclass(slots=True)
 class Freshness:
-    """When the last good read was, and whether its map may still stand (pure)."""
+    """When the last good read of each input was, and whether the map may still stand
+    (pure): one ``outages.OutageBook`` per input (pod-resources, the Kubernetes API)."""
 
     grace_s: float
     started_s: float
-    devices_ok_s: float | None = None
-    pods_ok_s: float | None = None
+    devices: OutageBook = field(default_factory=OutageBook)
+    pods: OutageBook = field(default_factory=OutageBook)
 
     def stale(self, now_s: float) -> str | None:
         """Why the map may no longer stand (beyond the grace), or None while it may."""
-        for what, ok_s in (
-            ("pod-resources", self.devices_ok_s),
-            ("the Kubernetes API", self.pods_ok_s),
-        ):
-            since = ok_s if ok_s is not None else self.started_s
-            if now_s - since > self.grace_s:
+        for what, book in (("pod-resources", self.devices), ("the Kubernetes API", self.pods)):
+            if book.unread_s(now_s, started_s=self.started_s) > self.grace_s:
                 # No elapsed time in it: the reason is compared to report a change once.
-                never = " (never read)" if ok_s is None else ""
+                never = " (never read)" if book.ok_s is None else ""
                 return f"{what} unreadable for more than {self.grace_s:g} s{never}"
         return None
 
@@ -134,7 +132,9 @@ class KubernetesSource:
         """The node's map now from what was read last (pure of I/O)."""
         f = self.freshness
         if self._pods.healthy:
-            f.pods_ok_s = now_s
+            f.pods.ok(now_s)
+        else:
+            f.pods.failed("unhealthy", now_s)
         stale = f.stale(now_s)
         if stale is not None:
             return fallback(gpus, classes, reason=f"{stale}: every GPU at the class capped first")
@@ -164,6 +164,7 @@ class KubernetesSource:
             self._last = await self._devices.list_devices()
         except (TransportError, ReadingRejectedError) as exc:
             self.failures += 1
+            self.freshness.devices.failed(type(exc).__name__, self._clock())
             # The outage's first error names it until a read succeeds: the kubelet killed
             # mid-stream fails first with one message, then with another while it is down,
             # and a status (and warning) per message text would report one outage twice.
@@ -172,7 +173,7 @@ class KubernetesSource:
         else:
             self.refreshes += 1
             self._problem = None
-            self.freshness.devices_ok_s = self._clock()
+            self.freshness.devices.ok(self._clock())
         return self.update(gpus=gpus, classes=classes, now_s=self._clock())
 
     async def run(

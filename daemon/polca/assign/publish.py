@@ -65,7 +65,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from polca import aiokit
 from polca.assign.filesource import gpu_key, is_class_name
@@ -78,7 +78,14 @@ from polca.exits import (
     EX_UNAVAILABLE,
     one_shot_code,
 )
-from polca.settings import DEFAULT_TOPIC_ROOT, MqttSettings, ProcessSettings
+from polca.settings import (
+    DEFAULT_TOPIC_ROOT,
+    TOPIC_SEGMENT,
+    MqttSettings,
+    ProcessSettings,
+    SiteName,
+    TopicRoot,
+)
 from polca.telemetry.bus import InMessage, MqttBus, OutMessage
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES, Assignment, Status, decode, encode
 from polca.telemetry.topics import NodeAddress, Topics
@@ -105,16 +112,14 @@ messages (``--row``/``--rack`` given for a node without a status)."""
 ECHO_MIN_S = 1.0
 """The echo of a publish is awaited at least this long, whatever is left of ``--timeout``."""
 
-_SEGMENT = re.compile(r"[A-Za-z0-9_.-]+")
+_SEGMENT = re.compile(TOPIC_SEGMENT)
 
 
 class AssignSettings(ProcessSettings):
     """Settings of ``polca assign`` (YAML via ``--config``, ``POLCA_*`` env)."""
 
-    topic_root: str = Field(DEFAULT_TOPIC_ROOT, description="Topic root, including the version.")
-    site: str = Field(
-        "site", pattern=f"^{_SEGMENT.pattern}$", description="Site name (topic segment)."
-    )
+    topic_root: TopicRoot = DEFAULT_TOPIC_ROOT
+    site: SiteName = "site"
 
 
 class NodeNotFoundError(PolcaError):
@@ -300,8 +305,7 @@ async def assign(
     ``NotTakenError`` and ``ConflictError`` (see the module's docstring).
     """
     address = NodeAddress(site, *where, node) if where is not None else None
-    # topics.py builds whole topics and all-node filters; this filter names one node.
-    status_filter = f"{topics.root}/{site}/+/+/{node}/status"
+    status_filter = topics.node_anywhere(site, node, "status")
     subscriptions = (
         [(status_filter, 1)]
         if address is None

@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from polca.assign.config import KubernetesAssignment
 from polca.assign.model import AssignmentUpdate, Origin, PodDevices, PodMeta, Workload
 from polca.gpu.backend import GpuInfo
-from polca.settings import KubernetesAssignment
 
 __all__ = ["Classes", "NodeMap", "Rules", "fallback", "gpu_keys", "node_update", "pod_class"]
 

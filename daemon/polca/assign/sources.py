@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
+from polca.assign.config import AssignmentSettings, KubernetesAssignment
 from polca.assign.model import AssignmentUpdate
 from polca.assign.rules import Classes
-from polca.settings import AssignmentSettings, KubernetesAssignment
 
 __all__ = ["AssignmentSource", "FileSource", "source_for", "task_for"]
 

@@ -15,10 +15,11 @@ from typing import Annotated, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polca.redfish.api import RedfishEndpoint
+from polca.settings import TOPIC_SEGMENT
 
 __all__ = ["BmcNode", "BmcSettings"]
 
-_NODE = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+_NODE = Annotated[str, Field(pattern=TOPIC_SEGMENT)]  # as the node names its topics
 
 
 class BmcNode(BaseModel):

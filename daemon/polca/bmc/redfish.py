@@ -26,8 +26,17 @@ chassis (at most ``MAX_CHASSIS``), looking for a power control in two shapes
 The chassis rule: the first chassis, in the collection's order, whose ``ChassisType`` is a
 whole node or enclosure (``RackMount``, ``Enclosure``, ``StandAlone``) and that has a
 power control; failing that, the first chassis with one (a sub-component such as a GPU
-baseboard ``Module`` caps only part of the node). At most ``MAX_CONTROLS`` controls are
-examined in all. A chassis whose resources are missing or malformed is skipped.
+baseboard ``Module`` caps only part of the node). A chassis whose resources are missing or
+malformed (a bad link, a document of another ``@odata.type``) is skipped, and the final
+``unsupported`` error says why each was.
+
+Links and bounds are ``polca.redfish.documents``': every link followed (``@odata.id``, a
+sensor's ``DataSourceUri``) must be a path under ``/redfish/v1`` (``malformed`` otherwise,
+before any request), and every document read must be of its ``@odata.type``
+(``ServiceRoot``, ``Chassis``, ``Control``, ``Power``, ``Sensor``, ``EnvironmentMetrics``).
+A ``Chassis`` collection of more than ``MAX_CHASSIS`` members, or ``Controls`` that take
+discovery past ``MAX_CONTROLS`` controls in all, is refused (``oversized``), never cut
+short: the control that caps the node could be among those not read.
 
 Every value from the BMC is untrusted: a wrong type, NaN, a negative or absurd value
 (over ``MAX_NODE_POWER_W``) is ``ReadingRejectedError`` with its reason, never a crash. A cap
@@ -38,7 +47,6 @@ by reading it back: a BMC that accepts it and reports another value gives
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +55,7 @@ from typing import Any, Final, Literal
 from polca.errors import ConfigError, ReadingRejectedError
 from polca.readings import checked_number
 from polca.redfish.api import RedfishSession
+from polca.redfish.documents import check_type, member_links, odata_link, resource_path
 
 __all__ = [
     "MAX_CHASSIS",
@@ -62,14 +71,16 @@ __all__ = [
 
 MAX_NODE_POWER_W: Final = 100_000.0
 """The most one node may draw or be limited to (100 kW); above is absurd."""
-MAX_CHASSIS: Final = 64
-"""Chassis examined at most during discovery."""
+MAX_CHASSIS: Final = 256
+"""Chassis a service may list; more is refused (``oversized``). A GPU server's BMC can list
+dozens (each GPU, switch, retimer and ERoT of an HGX board), so the bound is well above."""
 MAX_CONTROLS: Final = 64
-"""Controls examined at most during discovery (over all chassis)."""
+"""Controls examined at most during discovery (over all chassis); more is refused."""
 VERIFY_TOLERANCE_W: Final = 1.0
 """A read-back limit within this of the written one counts as applied."""
 _NODE_TYPES: Final = frozenset({"RackMount", "Enclosure", "StandAlone"})
 _MAX_ALLOWABLE: Final = 16
+_MAX_REASONS: Final = 4  # skipped chassis named in the final "no power control" error
 
 
 NODE_CONTEXTS: Final = frozenset({"Chassis", "SystemBoard", "PowerSubsystem"})
@@ -121,30 +132,6 @@ class CapResult:
     verified: bool
 
 
-def _link(doc: Mapping[str, Any], key: str) -> str | None:
-    """The ``@odata.id`` of ``doc[key]``, or None when absent or not a link."""
-    value = doc.get(key)
-    if isinstance(value, Mapping):
-        target = value.get("@odata.id")
-        if isinstance(target, str):
-            return target
-    return None
-
-
-def _members(doc: Mapping[str, Any], *, what: str, limit: int) -> list[str]:
-    """The first ``limit`` member paths of a collection."""
-    members = doc.get("Members")
-    if not isinstance(members, list):
-        msg = f"{what}: collection without a Members list"
-        raise ReadingRejectedError(msg, reason="malformed")
-    paths = []
-    for member in members[:limit]:
-        target = member.get("@odata.id") if isinstance(member, Mapping) else None
-        if isinstance(target, str):
-            paths.append(target)
-    return paths
-
-
 def _watts(value: object, *, what: str) -> float | None:
     """A power in W from the BMC, None when it gives none (absent or null)."""
     if value is None:
@@ -160,35 +147,45 @@ async def discover(
     ``chassis_id`` names the chassis to use (an enclosure manager serving several nodes):
     only the chassis whose path ends in it is considered. ``control`` names the control
     (its path or its last segment) where a chassis has several no rule tells apart. Raises
-    ``ReadingRejectedError`` (``unsupported``) when no chassis has one, ``malformed`` when
-    the service root or the chassis collection is not what Redfish promises, and
-    ``ConfigError`` when a chassis has two candidates and ``control`` names neither.
+    ``ReadingRejectedError``: ``unsupported`` when no chassis has one (saying why chassis
+    were skipped), ``malformed``/``identity`` when the service root or the chassis
+    collection is not what Redfish promises (a link outside ``/redfish/v1`` included),
+    ``oversized`` past ``MAX_CHASSIS`` or ``MAX_CONTROLS``; ``ConfigError`` when a chassis
+    has two candidates and ``control`` names neither.
     """
-    root = await session.get("/redfish/v1")
-    chassis_path = _link(root, "Chassis")
+    root = check_type(await session.get("/redfish/v1"), "ServiceRoot", what="service root")
+    chassis_path = odata_link(root, "Chassis", what="service root")
     if chassis_path is None:
         msg = "service root has no Chassis collection"
         raise ReadingRejectedError(msg, reason="unsupported")
-    chassis_list = _members(await session.get(chassis_path), what=chassis_path, limit=MAX_CHASSIS)
+    chassis_list = member_links(
+        await session.get(chassis_path), what=chassis_path, limit=MAX_CHASSIS
+    )
     budget = [MAX_CONTROLS]
     fallback: PowerControlShape | None = None
+    skipped: list[ReadingRejectedError] = []
     if chassis_id is not None:
-        chassis_list = [p for p in chassis_list if p.rstrip("/").rsplit("/", 1)[-1] == chassis_id]
+        chassis_list = tuple(p for p in chassis_list if p.rsplit("/", 1)[-1] == chassis_id)
     for path in chassis_list:
         try:
-            chassis = await session.get(path)
-        except ReadingRejectedError:
+            chassis = check_type(await session.get(path), "Chassis", what=path)
+        except ReadingRejectedError as exc:
+            skipped.append(exc)
             continue  # a broken chassis: look at the others
         shape = None
         try:
             shape = await _controls_shape(session, chassis, path, budget, control)
         except ReadingRejectedError as exc:
+            if exc.reason == "oversized":
+                raise  # controls not read could hold the node's: never choose without them
             if exc.reason == "unsupported" and "SetPointUnits" in str(exc):
                 raise  # the node's control, in units polca does not know: never guessed
-            # broken Controls: try the legacy shape
+            skipped.append(exc)  # broken Controls: try the legacy shape
         if shape is None and control is None:  # a named control is one of Controls'
-            with contextlib.suppress(ReadingRejectedError):
+            try:
                 shape = await _legacy_shape(session, chassis, path)
+            except ReadingRejectedError as exc:
+                skipped.append(exc)
         if shape is None:
             continue
         if chassis.get("ChassisType") in _NODE_TYPES:
@@ -200,8 +197,17 @@ async def discover(
     if control is not None:
         msg = f"no power control {control!r} on any of {len(chassis_list)} chassis"
         raise ConfigError(msg)
-    msg = f"no power control on any of {len(chassis_list)} chassis"
+    msg = f"no power control on any of {len(chassis_list)} chassis{_reasons(skipped)}"
     raise ReadingRejectedError(msg, reason="unsupported")
+
+
+def _reasons(skipped: list[ReadingRejectedError]) -> str:
+    """Why chassis or their resources were skipped, for an error message (bounded)."""
+    if not skipped:
+        return ""
+    shown = "; ".join(f"{str(exc)[:160]} ({exc.reason})" for exc in skipped[:_MAX_REASONS])
+    more = f"; {len(skipped) - _MAX_REASONS} more" if len(skipped) > _MAX_REASONS else ""
+    return f" (skipped: {shown}{more})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,17 +229,23 @@ async def _controls_shape(
     budget: list[int],
     named: str | None = None,
 ) -> PowerControlShape | None:
-    controls_path = _link(chassis, "Controls")
-    if controls_path is None or budget[0] <= 0:
+    controls_path = odata_link(chassis, "Controls", what=path)
+    if controls_path is None:
         return None
-    members = _members(await session.get(controls_path), what=controls_path, limit=budget[0])
+    members = member_links(await session.get(controls_path), what=controls_path, limit=MAX_CONTROLS)
+    if len(members) > budget[0]:
+        msg = (
+            f"{controls_path} lists {len(members)} controls, more than the {budget[0]} left "
+            f"of the {MAX_CONTROLS} polca examines over all chassis"
+        )
+        raise ReadingRejectedError(msg, reason="oversized")
+    budget[0] -= len(members)
     found: list[_Candidate] = []
     for member in members:
-        budget[0] -= 1
         try:
-            doc = await session.get(member)
+            doc = check_type(await session.get(member), "Control", what=member)
         except ReadingRejectedError:
-            continue
+            continue  # unreadable, or not a Control: never a candidate, never written
         if doc.get("ControlType") == "Power" and "SetPoint" in doc:
             sensor = doc.get("Sensor")
             source = _text(sensor.get("DataSourceUri")) if isinstance(sensor, Mapping) else None
@@ -276,7 +288,8 @@ async def _choose(
     """The control that caps the node among a chassis's power controls, why, and a note
     on each of them (why it was not taken)."""
     if named is not None:
-        match = [c for c in found if c.path == named or c.path.rstrip("/").endswith("/" + named)]
+        want = named.rstrip("/")  # the paths found have no trailing slash
+        match = [c for c in found if c.path == want or c.path.endswith("/" + want)]
         others = [(c, "" if c in match[:1] else "not the configured control") for c in found]
         return (match[0], "the configured control", others) if match else (None, "", others)
     components = [c for c in found if c.context is not None and c.context not in NODE_CONTEXTS]
@@ -288,7 +301,7 @@ async def _choose(
     }
     pool, rule = (node, "its PhysicalContext is the whole node's") if node else (unknown, "")
     if len(pool) > 1:
-        total = await _total_power_sensor(session, chassis)
+        total = await _total_power_sensor(session, chassis, path)
         by_sensor = [c for c in pool if total is not None and c.sensor == total]
         if len(by_sensor) == 1:
             pool, rule = by_sensor, f"its sensor is the chassis's total power ({total})"
@@ -311,15 +324,19 @@ async def _choose(
     return chosen, rule, [(c, notes.get(c.path, "")) for c in found]
 
 
-async def _total_power_sensor(session: RedfishSession, chassis: Mapping[str, Any]) -> str | None:
+async def _total_power_sensor(
+    session: RedfishSession, chassis: Mapping[str, Any], path: str
+) -> str | None:
     """The sensor of the chassis's total power (``EnvironmentMetrics.PowerWatts``)."""
-    metrics_path = _link(chassis, "EnvironmentMetrics")
-    if metrics_path is None:
-        return None
     try:
-        metrics = await session.get(metrics_path)
+        metrics_path = odata_link(chassis, "EnvironmentMetrics", what=path)
+        if metrics_path is None:
+            return None
+        metrics = check_type(
+            await session.get(metrics_path), "EnvironmentMetrics", what=metrics_path
+        )
     except ReadingRejectedError:
-        return None
+        return None  # no usable total: the candidates stay as ambiguous as they were
     watts = metrics.get("PowerWatts")
     return _text(watts.get("DataSourceUri")) if isinstance(watts, Mapping) else None
 
@@ -327,7 +344,7 @@ async def _total_power_sensor(session: RedfishSession, chassis: Mapping[str, Any
 async def _legacy_shape(
     session: RedfishSession, chassis: Mapping[str, Any], path: str
 ) -> PowerControlShape | None:
-    power_path = _link(chassis, "Power")
+    power_path = odata_link(chassis, "Power", what=path)
     if power_path is None:
         return None
     _power_control(await session.get(power_path), what=power_path)
@@ -335,8 +352,9 @@ async def _legacy_shape(
 
 
 def _power_control(doc: Mapping[str, Any], *, what: str) -> Mapping[str, Any]:
-    """``PowerControl[0]`` with its ``PowerLimit`` object, else ``ReadingRejectedError``."""
-    controls = doc.get("PowerControl")
+    """``PowerControl[0]`` of a ``Power`` resource with its ``PowerLimit`` object, else
+    ``ReadingRejectedError``."""
+    controls = check_type(doc, "Power", what=what).get("PowerControl")
     first = controls[0] if isinstance(controls, list) and controls else None
     if not isinstance(first, Mapping) or not isinstance(first.get("PowerLimit"), Mapping):
         msg = f"{what}: no PowerControl[0].PowerLimit"
@@ -405,7 +423,7 @@ class BmcPowerControl:
     async def _read_control(
         self, doc: Mapping[str, Any], path: str, w_per_unit: float
     ) -> BmcReading:
-        if doc.get("ControlType") != "Power":
+        if check_type(doc, "Control", what=path).get("ControlType") != "Power":
             msg = f"{path}: no longer a power control"
             raise ReadingRejectedError(msg, reason="malformed")
         if UNITS_W.get(_text(doc.get("SetPointUnits")) or "W") != w_per_unit:
@@ -417,8 +435,11 @@ class BmcPowerControl:
             power = sensor.get("Reading")
             # The excerpt's reading, else the sensor it names (DataSourceUri or a link).
             source = sensor.get("DataSourceUri") or sensor.get("@odata.id")
-            if power is None and isinstance(source, str):
-                power = (await self._session.get(source)).get("Reading")
+            if power is None and source is not None:
+                where = resource_path(source, what=f"{path} Sensor.DataSourceUri")
+                power = check_type(await self._session.get(where), "Sensor", what=where).get(
+                    "Reading"
+                )
         return _reading(
             power=_watts(power, what=f"{path} Sensor.Reading"),
             limit=_scaled(doc.get("SetPoint"), w_per_unit, what=f"{path} SetPoint"),

@@ -11,7 +11,7 @@ except the two ratings no default could guess (``heat_capacity_kw`` and
 ``design_flow_lpm``). Pure pydantic: no I/O, and no supervision logic.
 
 Named ``loops`` rather than ``settings`` or ``config``: ``polca.settings`` is every
-process's base settings, and ``polca.cooling.config`` the settings of a ``polca cdu``
+process's base settings, and ``polca.cdu.config`` the settings of a ``polca cdu``
 process (a CDU source); this module is neither, it is the model of the loops supervised.
 
 Rack names refer to racks of the aggregator's rows (``AggregatorSettings.rows``);

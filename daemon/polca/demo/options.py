@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polca.cooling.ratings import CduRatings
 from polca.physics.presets import get_model
+from polca.plant.ratings import CduRatings
 
 if TYPE_CHECKING:
     from polca.sim.agreement import DemoRow

@@ -28,6 +28,7 @@ from typing import Final, TextIO
 import structlog
 
 from polca import aiokit
+from polca.agent.config import AgentSettings, Settings, TopicSettings
 from polca.agent.runtime import Agent
 from polca.aggregator.config import (
     AggregatorSettings,
@@ -37,9 +38,8 @@ from polca.aggregator.config import (
     RowSpec,
 )
 from polca.aggregator.runtime import Aggregator
+from polca.cdu.publisher import run_plant
 from polca.cooling.loops import CoolingSettings, LoopSpec
-from polca.cooling.plant import SimulatedCdu
-from polca.cooling.publisher import run_plant
 from polca.demo.counterfactual import ClassClocks, Counterfactual
 from polca.demo.load import gpu_classes, node_gpus, tenant_replays
 from polca.demo.options import (
@@ -52,17 +52,11 @@ from polca.demo.options import (
 )
 from polca.demo.view import DemoView
 from polca.export.influx import make_sink
+from polca.gpu.config import GpuSettings
 from polca.gpu.simulated import SimulatedBackend
+from polca.plant.cdu import SimulatedCdu
 from polca.policy import Policy, PolicyStore, load_policy
-from polca.settings import (
-    AgentSettings,
-    GpuSettings,
-    InfluxSettings,
-    LoggingSettings,
-    MqttSettings,
-    Settings,
-    TopicSettings,
-)
+from polca.settings import InfluxSettings, LoggingSettings, MqttSettings
 from polca.telemetry.bus import MqttBus
 from polca.telemetry.topics import Topics
 from polca.workload.trace import Trace

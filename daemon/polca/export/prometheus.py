@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from polca.export.points import AnyPoint
 from polca.export.sink import SinkStats
 from polca.gpu.backend import CLOCK_EVENT_NAMES
+from polca.settings import MetricsSettings
 
 Kind = Literal["gauge", "counter"]
 _LABELS: Final = {"gpu_index": "gpu", "gpu_uuid": "uuid"}
@@ -541,3 +542,20 @@ class PrometheusSink:
         return SinkStats(
             points_dropped=refused, dropped={"series_limit": refused} if refused else {}
         )
+
+
+def metrics_sinks(
+    metrics: MetricsSettings, *, snapshots: frozenset[str] = frozenset()
+) -> list[PrometheusSink]:
+    """The Prometheus sink ``metrics.address`` asks for (none when unset); ``snapshots``:
+    the measurements written whole each time (``PrometheusSink``)."""
+    if not metrics.address:
+        return []
+    return [
+        PrometheusSink(
+            metrics.address,
+            max_series=metrics.max_series,
+            stale_after_s=metrics.stale_after_s,
+            snapshots=snapshots,
+        )
+    ]

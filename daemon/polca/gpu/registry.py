@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
     from polca.gpu.backend import GpuBackend
-    from polca.settings import BackendName, GpuSettings
+    from polca.gpu.config import BackendName, GpuSettings
 
     BackendFactory: TypeAlias = Callable[[GpuSettings], GpuBackend]
 

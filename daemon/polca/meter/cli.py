@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polca.exits import EX_CONFIG, exit_code, one_shot_code
+from polca import logs
+from polca.exits import one_shot_code, run_process
 
 if TYPE_CHECKING:
     from polca.meter.config import MeterSettings, SourceConfig
@@ -49,8 +50,7 @@ def add_parsers(subparsers: Any) -> None:
     run.add_argument(
         "--once", action="store_true", help="print one round as JSON and exit (no MQTT)"
     )
-    run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
-    run.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
+    logs.add_options(run)
 
     probe = msub.add_parser("probe", help="read one PDU or meter and print its power as JSON")
     probe.add_argument(
@@ -89,26 +89,12 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
     if args.meter_command == "probe":
         return _probe_main(args)
-    import structlog  # noqa: PLC0415
-
-    from polca import logs  # noqa: PLC0415
-    from polca.errors import FatalError  # noqa: PLC0415
-
-    try:
-        settings = _settings(args)
-    except FatalError as exc:
-        logs.configure(stream=sys.stderr)
-        structlog.get_logger().error("config_invalid", error=str(exc))
-        return EX_CONFIG
-    logs.configure(level=settings.logging.level, fmt=settings.logging.format, stream=sys.stderr)
-    log = structlog.get_logger()
-    try:
-        if args.once:
-            return asyncio.run(_once(settings))
-        asyncio.run(_run(args, settings))
-    except (Exception, KeyboardInterrupt) as exc:
-        return exit_code(exc, log, daemon="meter")
-    return 0
+    return run_process(
+        "meter",
+        lambda: _settings(args),
+        lambda settings: _once(settings) if args.once else _run(args, settings),
+        stream=sys.stderr,
+    )
 
 
 def _settings(args: argparse.Namespace) -> MeterSettings:

@@ -16,11 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from polca.meter.modbus import ModbusMeterConfig
 from polca.meter.redfish import RedfishMeterConfig
 from polca.meter.snmp import SnmpSourceConfig
-from polca.settings import DEFAULT_TOPIC_ROOT, ProcessSettings
+from polca.settings import DEFAULT_TOPIC_ROOT, TOPIC_SEGMENT, ProcessSettings, SiteName, TopicRoot
 
 __all__ = ["MeterRowConfig", "MeterSettings", "SourceConfig"]
-
-_SEGMENT = r"^[A-Za-z0-9_.-]+$"
 
 SourceConfig = Annotated[
     SnmpSourceConfig | RedfishMeterConfig | ModbusMeterConfig, Field(discriminator="protocol")
@@ -33,7 +31,7 @@ class MeterRowConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    row: str = Field(pattern=_SEGMENT, max_length=128, description="Row name (topic segment).")
+    row: str = Field(pattern=TOPIC_SEGMENT, description="Row name (topic segment).")
     topic: str | None = Field(
         None,
         max_length=256,
@@ -56,8 +54,8 @@ class MeterRowConfig(BaseModel):
 class MeterSettings(ProcessSettings):
     """Settings of a ``polca meter`` process (YAML via ``--config``, ``POLCA_*`` env)."""
 
-    topic_root: str = Field(DEFAULT_TOPIC_ROOT, description="Topic root, including the version.")
-    site: str = Field("site", pattern=_SEGMENT, description="Site name (topic segment).")
+    topic_root: TopicRoot = DEFAULT_TOPIC_ROOT
+    site: SiteName = "site"
     interval_s: float = Field(1.0, gt=0, le=3600, description="Poll (and publish) period.")
     read_timeout_s: float | None = Field(
         None,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from polca.meter.source import SourceReading
+from polca.outages import OutageBook
 from polca.telemetry.schema import Meter
 
 __all__ = ["Change", "SourceFailure", "SourceLog", "SourceResult", "row_meter"]
@@ -71,9 +72,7 @@ class Change:
 
 @dataclass(slots=True)
 class _State:
-    failed_since_s: float | None = None
-    reasons: set[str] = field(default_factory=set)  # seen in this outage
-    failures: int = 0
+    book: OutageBook = field(default_factory=OutageBook)
     detail: str | None = None
 
 
@@ -95,33 +94,23 @@ class SourceLog:
         if isinstance(result, SourceFailure):
             key = (name, result.reason)
             self.failures[key] = self.failures.get(key, 0) + 1
-            state.failures += 1
-            if state.failed_since_s is None or result.reason not in state.reasons:
+            if state.book.failed(result.reason, now_s) is not None:
                 changes.append(
                     Change(
                         "meter_source_failed",
                         {"source": name, "reason": result.reason, "error": result.error},
                     )
                 )
-            if state.failed_since_s is None:
-                state.failed_since_s = now_s
-            state.reasons.add(result.reason)
             return changes
         self.reads[name] = self.reads.get(name, 0) + 1
-        if state.failed_since_s is not None:
+        ended = state.book.ok(now_s)
+        if ended is not None:
             changes.append(
                 Change(
                     "meter_source_recovered",
-                    {
-                        "source": name,
-                        "outage_s": round(now_s - state.failed_since_s, 3),
-                        "failed_reads": state.failures,
-                    },
+                    {"source": name, "outage_s": ended.outage_s, "failed_reads": ended.failures},
                 )
             )
-            state.failed_since_s = None
-            state.reasons = set()
-            state.failures = 0
         if result.detail != state.detail:
             if result.fallbacks or state.detail is not None:
                 changes.append(
@@ -139,4 +128,4 @@ class SourceLog:
 
     def failing(self) -> list[str]:
         """The sources whose last read failed."""
-        return sorted(n for n, s in self._states.items() if s.failed_since_s is not None)
+        return sorted(n for n, s in self._states.items() if s.book.out)

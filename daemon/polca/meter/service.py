@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn
 
 import structlog
 
@@ -30,16 +30,12 @@ from polca.telemetry.bus import OutMessage
 from polca.telemetry.checks import DropLog
 from polca.telemetry.schema import Meter, encode
 
-__all__ = ["MeterRow", "Publisher", "RoundTimes", "meter_once", "read_source", "run_meter"]
+if TYPE_CHECKING:
+    from polca.service import Publisher
+
+__all__ = ["MeterRow", "RoundTimes", "meter_once", "read_source", "run_meter"]
 
 log = structlog.get_logger(__name__)
-
-
-class Publisher(Protocol):
-    """Where meter readings go: ``MqttBus`` or any object with ``publish_nowait``."""
-
-    def publish_nowait(self, msg: OutMessage) -> None:
-        """Queue ``msg`` for the broker without waiting."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The Modbus TCP client: the only module that imports ``pymodbus``.
 
-Why it exists: polca reads CDUs (``polca.cooling.modbus``) and meters
+Why it exists: polca reads CDUs (``polca.cdu.modbus``) and meters
 (``polca.meter.modbus``) over Modbus TCP, and both go through one seam,
 ``RegisterClient``: connect, read registers, close. ``PymodbusClient`` implements it over
 pymodbus, so that the library stays replaceable and its errors become polca's here.

@@ -5,7 +5,7 @@ are few. A point names a register (table, address), its encoding (16- or 32-bit,
 or not, IEEE float, word order, one bit of a status word), a linear ``scale`` and
 ``offset`` in the device's unit, and the device's unit (converted here: F to C, GPM to
 L/min, psi to kPa, W to kW ...). Each kind of map subclasses ``RegisterPoint`` and says
-which field a point fills and what it measures (``polca.cooling.registers.CduPoint``, a
+which field a point fills and what it measures (``polca.cdu.registers.CduPoint``, a
 CDU's reading; ``polca.meter.modbus.MeterPoint``, a meter's power).
 
 This module is pure: it checks a point's encoding (``RegisterPoint.encoding_problem``),

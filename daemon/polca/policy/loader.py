@@ -244,6 +244,21 @@ class PolicyStore:
             raise PolicyError(msg)
         return self._current
 
+    def load_first(self) -> LoadedPolicy:
+        """The policy in force, reading the file when none is yet: a daemon's start-up.
+
+        Raises:
+            PolicyError: no policy in force and the file is invalid (a daemon cannot run
+                without a policy), naming the file and its problems.
+        """
+        if self._current is None:
+            result = self.reload()
+            if self._current is None:
+                problems = "; ".join(result.errors) or "unknown error"
+                msg = f"policy {self._path} is invalid: {problems}"
+                raise PolicyError(msg, problems=tuple(result.errors))
+        return self._current
+
     def reload(self) -> ReloadResult:
         """Read the file again; on failure keep the last good policy and report why."""
         try:

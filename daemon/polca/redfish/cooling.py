@@ -6,9 +6,9 @@ secondary ``CoolantConnector`` collections (supply and return temperature, flow,
 pressure, heat removed, each a sensor excerpt ``{"Reading": ...}``), its ``Pumps``,
 ``Filters``, ``LeakDetection`` (with ``LeakDetectorGroups`` of ``DetectorState``
 excerpts, or a ``LeakDetectors`` collection), ``EnvironmentMetrics`` and
-``CoolingCapacityWatts``. The poller (``polca.cooling.redfish``) GETs them and hands the
+``CoolingCapacityWatts``. The poller (``polca.cdu.redfish``) GETs them and hands the
 documents here; ``read_cooling_unit`` fills the same ``CduTelemetry`` the Modbus map
-fills (``polca.cooling.registers.assemble``), with the same units (C, L/min, kPa, kW, %).
+fills (``polca.cdu.registers.assemble``), with the same units (C, L/min, kPa, kW, %).
 
 How it fails: every value is untrusted. A field that is present but unusable (not a
 number, NaN, out of the wire schema's bounds, ``null``, an unknown state) is left out, or

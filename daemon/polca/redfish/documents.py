@@ -4,7 +4,14 @@ A Redfish answer is untrusted: these check the structure every reader relies on 
 object, its ``@odata.type``, links as paths under ``/redfish/v1``, collections with a
 bounded ``Members`` list, sensor excerpts ``{"Reading": ...}``) and raise
 ``ReadingRejectedError`` (``malformed``, ``identity``, ``oversized``, ``unsupported``) for
-anything else. Used by ``redfish/cooling.py``, ``redfish/power.py`` and the pollers.
+anything else. Used by ``redfish/cooling.py``, ``redfish/power.py``, the pollers and the
+BMC power control (``bmc/redfish.py``).
+
+Links are the hostile part: a reader follows them, so a link that leaves ``/redfish/v1``
+(another host, a scheme, a query, a dot segment, a percent-encoded dot or slash) is refused
+here, before any request, whatever the session would do with it. Collections longer than
+a reader's bound are refused (``oversized``), never cut short: a reader that chooses among
+members must not choose among the first few only.
 """
 
 from __future__ import annotations
@@ -16,7 +23,14 @@ from typing import Any
 from polca.errors import ReadingRejectedError
 from polca.readings import checked_number
 
-__all__ = ["as_object", "check_type", "excerpt_reading", "member_links", "odata_link"]
+__all__ = [
+    "as_object",
+    "check_type",
+    "excerpt_reading",
+    "member_links",
+    "odata_link",
+    "resource_path",
+]
 
 _MAX_PATH_CHARS = 512
 _PATH = re.compile(r"^/redfish/v1(/[A-Za-z0-9_.:\-%]+)*/?$")
@@ -54,12 +68,23 @@ def check_type(doc: object, type_name: str, *, what: str) -> Mapping[str, Any]:
     return doc
 
 
-def _path(value: object, *, what: str) -> str:
+def resource_path(value: object, *, what: str) -> str:
+    """``value`` as a path of this service under ``/redfish/v1`` (no trailing slash), or
+    ``ReadingRejectedError`` (``malformed``).
+
+    For every link a reader follows: an ``@odata.id``, a ``DataSourceUri``. Refused: a
+    non-string, a scheme or host, a query or fragment, an empty, ``.`` or ``..`` segment, a
+    percent-encoded dot or slash, characters outside ``A-Za-z0-9_.:-%``, over 512 chars.
+    """
+    lowered = value.lower() if isinstance(value, str) else ""
     if (
         not isinstance(value, str)
         or len(value) > _MAX_PATH_CHARS
-        or ".." in value
         or not _PATH.fullmatch(value)
+        or ".." in value
+        or "/./" in f"{value}/"
+        or "%2e" in lowered
+        or "%2f" in lowered
     ):
         shown = value[:80] if isinstance(value, str) else type(value).__name__
         msg = f"{what} is not a Redfish path under /redfish/v1: {shown!r}"
@@ -79,7 +104,7 @@ def odata_link(doc: Mapping[str, Any], key: str, *, what: str) -> str | None:
     if not isinstance(ref, Mapping):
         msg = f"{what}.{key} is not a link"
         raise ReadingRejectedError(msg, reason="malformed")
-    return _path(ref.get("@odata.id"), what=f"{what}.{key}")
+    return resource_path(ref.get("@odata.id"), what=f"{what}.{key}")
 
 
 def member_links(collection: object, *, what: str, limit: int) -> tuple[str, ...]:
@@ -100,7 +125,7 @@ def member_links(collection: object, *, what: str, limit: int) -> tuple[str, ...
         if not isinstance(member, Mapping):
             msg = f"{what}.Members[{i}] is not a link"
             raise ReadingRejectedError(msg, reason="malformed")
-        path = _path(member.get("@odata.id"), what=f"{what}.Members[{i}]")
+        path = resource_path(member.get("@odata.id"), what=f"{what}.Members[{i}]")
         if path not in paths:
             paths.append(path)
     return tuple(paths)

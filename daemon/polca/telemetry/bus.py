@@ -15,10 +15,12 @@ What it does:
   and paho would re-send its own pending QoS 1 messages on top of our outbox.
 - Several endpoints (``mqtt.endpoints``, the nodes of a clustered broker): each attempt
   goes to one; a lost or refused endpoint is marked failed and the next attempt goes to
-  the next one that has not failed within ``_HOLD_DOWN_S`` (or, when all have, the one
-  that failed longest ago), after the same jittered backoff. A clean session on every
-  connection, so the new node gets the subscriptions again and sends the retained
-  messages again; the birth messages are published again. ``stats.endpoint`` and the
+  the next one that has not failed within ``endpoints.HOLD_DOWN_S`` (or, when all have,
+  the one that failed longest ago), after the same jittered backoff. Those decisions
+  (and the attempts of a one-shot command, and when ``move_on`` may leave a node) are
+  ``endpoints.EndpointRotation``'s, pure; this module asks it and does the I/O. A clean
+  session on every connection, so the new node gets the subscriptions again and sends the
+  retained messages again; the birth messages are published again. ``stats.endpoint`` and the
   ``mqtt_connected`` log line say where the bus is connected, ``stats.failovers`` how
   often it moved.
 - Credentials refused by the broker raise ``TransportAuthError``, a protocol version it does
@@ -57,6 +59,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from polca import aiokit
 from polca.errors import ConfigError, TransportAuthError, TransportError
 from polca.telemetry.checks import DropLog
+from polca.telemetry.endpoints import EndpointRotation
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -76,8 +79,6 @@ _AUTH_REFUSED_CODES = frozenset({4, 5, 0x86, 0x87, 0x8A, 0x8C})
 _PROTOCOL_REFUSED_CODES = frozenset({1, 0x84})
 # Bound on each step of the goodbye (will publish, DISCONNECT) when ``run()`` is cancelled.
 _FAREWELL_TIMEOUT_S = 2.0
-_HOLD_DOWN_S = 30.0
-"""An endpoint that failed is passed over for this long while another one has not failed."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -278,7 +279,6 @@ class MqttBus:
         """
         self._settings = settings
         self._retain_as_published = retain_as_published and settings.protocol == "5"
-        self._attempts = attempts
         self._clock_ns = clock_ns
         self._mono_ns = mono_ns
         self._client_id = client_id
@@ -313,14 +313,9 @@ class MqttBus:
         self._outbox_dropped = 0
         self._inbox_dropped = 0
         self._last_error: str | None = None
-        self._endpoints = settings.broker_endpoints()
-        self._endpoint_index = 0
+        self._rotation = EndpointRotation(settings.broker_endpoints(), attempts=attempts)
         self._endpoint: MqttEndpoint | None = None  # while connected
-        self._last_connected_index: int | None = None
-        self._failed_at_s: dict[int, float] = {}  # endpoint index -> monotonic seconds
-        self._failovers = 0
         self._move = asyncio.Event()  # move_on() asks the session to end
-        self._move_reason = ""
         self._oversized = DropLog("mqtt_publish_oversized", logger=self._log)
 
     # -- consumers ------------------------------------------------------------------------
@@ -336,7 +331,7 @@ class MqttBus:
             inbox_dropped=self._inbox_dropped,
             last_error=self._last_error,
             endpoint=str(self._endpoint) if self._endpoint is not None else None,
-            failovers=self._failovers,
+            failovers=self._rotation.failovers,
         )
 
     @property
@@ -360,14 +355,13 @@ class MqttBus:
     @property
     def endpoint_count(self) -> int:
         """How many broker endpoints it can move between."""
-        return len(self._endpoints)
+        return self._rotation.count
 
     def move_on(self, reason: str) -> None:
         """Leave the endpoint in use for the next one (it is marked failed, as a lost one
         is): for a process that finds its broker node connected but silent, e.g. cut off
         from the rest of a cluster. Nothing happens with a single endpoint."""
-        if len(self._endpoints) > 1 and self.connected.is_set():
-            self._move_reason = reason
+        if self._rotation.move_on(reason, connected=self.connected.is_set()):
             self._move.set()
 
     def resubscribe(self, subscriptions: Sequence[tuple[str, int]]) -> None:
@@ -445,11 +439,12 @@ class MqttBus:
         try:
             tls_context = await asyncio.to_thread(_tls_context, self._settings)
             delays = self._new_backoff()
-            rounds_left = self._attempts
+            rotation = self._rotation
+            rotation.begin()
             while not self._stop.is_set():
                 connected = False
-                index = self._endpoint_index
-                endpoint = self._endpoints[index]
+                index = rotation.current
+                endpoint = rotation.endpoints[index]
                 client = self._new_client(tls_context, endpoint)
                 try:
                     async with client:
@@ -462,26 +457,23 @@ class MqttBus:
                     if task is not None and task.cancelling():
                         raise asyncio.CancelledError from exc
                     _raise_if_fatal(exc, self._settings, endpoint)
-                    self._failed_at_s[index] = self._mono_ns() / 1e9
-                    self._endpoint_index = self._next_endpoint(index)
-                    if not connected and rounds_left is not None and self._endpoint_index <= index:
-                        rounds_left -= 1  # every endpoint was tried once more
-                        if rounds_left <= 0:
-                            where = self._settings.where()
-                            msg = f"cannot reach the MQTT broker {where}: {exc}"
-                            raise TransportError(msg) from exc
+                    failure = rotation.failed(index, self._mono_ns() / 1e9, connected=connected)
+                    if failure.spent:  # every endpoint was tried ``attempts`` times
+                        where = self._settings.where()
+                        msg = f"cannot reach the MQTT broker {where}: {exc}"
+                        raise TransportError(msg) from exc
                     if connected:  # the first reconnect after an outage is quick
                         delays = self._new_backoff()
                     self._last_error = str(exc)
                     delay_s = next(delays)
                     # A one-shot command says why it failed in one line at the end.
-                    (self._log.warning if rounds_left is None else self._log.debug)(
+                    (self._log.warning if rotation.attempts is None else self._log.debug)(
                         "mqtt_disconnected",
                         error=str(exc),
                         was_connected=connected,
                         retry_in_s=round(delay_s, 3),
                         endpoint=str(endpoint),
-                        next_endpoint=str(self._endpoints[self._endpoint_index]),
+                        next_endpoint=str(rotation.endpoints[failure.next_index]),
                     )
                     await self._sleep_unless_stopped(delay_s)
                 else:
@@ -497,18 +489,6 @@ class MqttBus:
 
     def _new_backoff(self) -> Iterator[float]:
         return aiokit.backoff_delays(self._settings.reconnect_min_s, self._settings.reconnect_max_s)
-
-    def _next_endpoint(self, failed: int) -> int:
-        """The endpoint after ``failed`` (in order) that has not failed within the hold-down,
-        else the one that failed longest ago."""
-        count = len(self._endpoints)
-        now_s = self._mono_ns() / 1e9
-        order = [(failed + step) % count for step in range(1, count + 1)]
-        for index in order:
-            failed_at = self._failed_at_s.get(index)
-            if failed_at is None or now_s - failed_at >= _HOLD_DOWN_S:
-                return index
-        return min(order, key=lambda i: self._failed_at_s.get(i, 0.0))
 
     def _new_client(
         self, tls_context: ssl.SSLContext | None, endpoint: MqttEndpoint
@@ -544,11 +524,8 @@ class MqttBus:
         """One connection: birth, subscribe, then pump both ways until it breaks or stops."""
         client.timeout = self._settings.connect_timeout_s  # publish, subscribe, DISCONNECT
         self._connects += 1
-        failover = self._last_connected_index not in (None, index)
-        self._failovers += int(failover)
-        self._last_connected_index = index
-        self._failed_at_s.pop(index, None)
-        self._endpoint = self._endpoints[index]
+        failover = self._rotation.connected(index)
+        self._endpoint = self._rotation.endpoints[index]
         self.connected.set()
         self._log.info(
             "mqtt_connected",
@@ -594,7 +571,7 @@ class MqttBus:
             if task in done and not task.cancelled() and (exc := task.exception()) is not None:
                 raise exc
         if move in done and not self._stop.is_set():
-            msg = f"moving on: {self._move_reason}"
+            msg = f"moving on: {self._rotation.move_reason}"
             raise aiomqtt.MqttError(msg)
 
     async def _outbound(self, client: aiomqtt.Client) -> None:

@@ -22,12 +22,12 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from polca.settings import DEFAULT_TOPIC_ROOT
+from polca.settings import DEFAULT_TOPIC_ROOT, TOPIC_SEGMENT
 
 NodeChannel = Literal["telemetry", "status", "state", "events", "assign"]
 NODE_CHANNELS: tuple[NodeChannel, ...] = ("telemetry", "status", "state", "events", "assign")
 
-_SEGMENT = re.compile(r"[A-Za-z0-9_.-]+")
+_SEGMENT = re.compile(TOPIC_SEGMENT)
 
 
 def _check_segment(kind: str, value: str) -> str:
@@ -105,6 +105,11 @@ class Topics:
     def all_nodes(self, site: str = "+", row: str = "+", channel: str = "+") -> str:
         """A subscription filter over node channels."""
         return f"{self.root}/{site}/{row}/+/+/{channel}"
+
+    def node_anywhere(self, site: str, node: str, channel: NodeChannel) -> str:
+        """A subscription filter over one node's ``channel`` in any row and rack (its place
+        unknown: ``polca assign`` reads it from the node's status)."""
+        return f"{self.root}/{site}/+/+/{_check_segment('node', node)}/{channel}"
 
     def _segments(self, topic: str) -> list[str] | None:
         """The segments of ``topic`` below this root; None for another root."""

@@ -1,12 +1,13 @@
 """One CDU poller's outages: when to try again, and the two log lines an outage is worth.
 
-Both pollers (``cooling/modbus.py``, ``cooling/redfish.py``) fail the same way: a poll that
+Both pollers (``modbus.py``, ``redfish.py``) fail the same way: a poll that
 cannot reach the device schedules the next connection attempt on a jittered, exponential
 backoff (``aiokit.backoff_delays``), polls before it fail at once without touching the
 network, the outage is logged once when it starts (``{prefix}_unreachable``, warning) and
 once when it ends (``{prefix}_recovered``, info, with its length and the failed polls);
 the failed polls between are debug lines (``{prefix}_poll_failed``). ``Outage`` is that,
-once. Time is passed in (the event loop's clock).
+once: the backoff and the lines over ``outages.OutageBook``, the record every source
+keeps. Time is passed in (the event loop's clock).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from polca import aiokit
+from polca.outages import OutageBook
 
 __all__ = ["Outage"]
 
@@ -38,10 +40,18 @@ class Outage:
         self._min_s, self._max_s, self._rng = min_s, max_s, rng
         self._backoff: Iterator[float] = self._new()
         self._retry_at = 0.0
-        self.since: float | None = None
+        self.book = OutageBook()
+        """The outage record (since, failed polls)."""
+
+    @property
+    def since(self) -> float | None:
         """When the current outage started (None: the last poll succeeded)."""
-        self.failed_polls = 0
+        return self.book.since_s
+
+    @property
+    def failed_polls(self) -> int:
         """Failed polls in the current outage."""
+        return self.book.failures
 
     def _new(self) -> Iterator[float]:
         return aiokit.backoff_delays(self._min_s, self._max_s, rng=self._rng)
@@ -52,15 +62,14 @@ class Outage:
 
     def skipped(self) -> None:
         """A poll that failed at once, inside the backoff."""
-        self.failed_polls += 1
+        self.book.failures += 1
 
     def failed(self, error: str, now: float, **fields: Any) -> float:
         """A failed poll at ``now``: schedule the next attempt, log; its delay in seconds."""
         delay_s = next(self._backoff)
         self._retry_at = now + delay_s
-        self.failed_polls += 1
-        if self.since is None:
-            self.since = now
+        line = self.book.failed("unreachable", now)
+        if line is not None and line.started:
             self._log.warning(
                 f"{self._prefix}_unreachable", error=error, **fields, retry_in_s=round(delay_s, 3)
             )
@@ -72,14 +81,11 @@ class Outage:
 
     def recovered(self, now: float) -> None:
         """A successful poll at ``now``: end the outage, if any (logged), reset the backoff."""
-        if self.since is None:
+        ended = self.book.ok(now)
+        if ended is None:
             return
         self._log.info(
-            f"{self._prefix}_recovered",
-            outage_s=round(now - self.since, 3),
-            failed_polls=self.failed_polls,
+            f"{self._prefix}_recovered", outage_s=ended.outage_s, failed_polls=ended.failures
         )
-        self.since = None
-        self.failed_polls = 0
         self._retry_at = 0.0
         self._backoff = self._new()

@@ -5,7 +5,7 @@ racks' cold plates (the secondary or technology cooling system loop) and whose h
 exchanger hands the heat to the facility water (the primary loop). It is the CDU as the
 outside sees it, assembled from parts that each have a module:
 
-- the physics of the loop, the truth (``plant_model.PlantModel``: heat input, rack-side
+- the physics of the loop, the truth (``model.PlantModel``: heat input, rack-side
   thermal mass, heat exchanger, pumps and failover; the model is described there);
 - the instruments, what the CDU reports (``sensors.Sensors``: seeded, bounded noise on
   every reading, stuck and drifting sensors; ``sensors.LeakDetectors``). The CDU's own
@@ -22,7 +22,7 @@ readings. Faults, each with a counterpart that clears it: ``fail_pump``/``restor
 ``lose_telemetry``/``restore_telemetry``; ``inject(kind)``/``clear(kind)`` name them for
 parametrised tests, ``clear_faults()`` clears all.
 
-The model advances lazily, in sub-steps of at most ``plant_model.STEP_S``, to the injected
+The model advances lazily, in sub-steps of at most ``model.STEP_S``, to the injected
 clock's time (or an explicit ``now_s``) whenever it is read, so it runs no thread and costs
 nothing between reads. Given the same seed and the same sequence of calls it produces the
 same readings. It must stay free of I/O and threads; ``traces.py`` drives it through long
@@ -34,12 +34,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from polca.cooling.coolant import heat_flow_kw
-from polca.cooling.faults import FAULT_KINDS, FaultKind
-from polca.cooling.plant_model import PlantModel
-from polca.cooling.ratings import CduRatings
-from polca.cooling.sample import CduSample, Health, LeakState
-from polca.cooling.sensors import SENSORS, LeakDetectors, Sensors, check_sensor
+from polca.plant.coolant import heat_flow_kw
+from polca.plant.faults import FAULT_KINDS, FaultKind
+from polca.plant.model import PlantModel
+from polca.plant.ratings import CduRatings
+from polca.plant.sample import CduSample, Health, LeakState
+from polca.plant.sensors import SENSORS, LeakDetectors, Sensors, check_sensor
 from polca.telemetry.schema import CduTelemetry
 
 __all__ = ["SimulatedCdu"]

@@ -22,13 +22,14 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polca.cooling.faults import FAULT_KINDS, FaultEvent, parse_fault
-from polca.exits import EX_CONFIG, EX_FAILURE, exit_code
+from polca import logs
+from polca.exits import EX_CONFIG, EX_FAILURE, run_process
+from polca.plant.faults import FAULT_KINDS, FaultEvent, parse_fault
 
 if TYPE_CHECKING:
-    from polca.cooling.config import CduSettings
-    from polca.cooling.plant import SimulatedCdu
-    from polca.cooling.publisher import CduPoller
+    from polca.cdu.config import CduSettings
+    from polca.cdu.publisher import CduPoller
+    from polca.plant.cdu import SimulatedCdu
 
 __all__ = ["add_parsers", "main"]
 
@@ -89,51 +90,42 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", default=None, help="site name (default: settings, 'site')")
     p.add_argument("--interval", type=float, default=None, help="publish period in seconds")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
-    p.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
+    logs.add_options(p)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``polca cdu ...``; returns the exit code."""
-    # Imported here, not at the top: ``polca`` builds this parser for every command.
-    import structlog  # noqa: PLC0415
+    return run_process("cdu", lambda: _checked(args), lambda s: _body(args, s), stream=sys.stderr)
 
-    from polca import logs  # noqa: PLC0415
-    from polca.errors import ConfigError, FatalError  # noqa: PLC0415
 
-    try:
-        settings = _settings(args)
-        if args.cdu_command == "modbus" and settings.modbus is None:
-            msg = "polca cdu modbus needs a 'modbus:' section (the CDU and its map) in --config"
-            raise ConfigError(msg)
-        if args.cdu_command == "redfish" and settings.redfish is None:
-            msg = (
-                "polca cdu redfish needs a 'redfish:' section (the CDU and its endpoint) "
-                "in --config"
-            )
-            raise ConfigError(msg)
-    except FatalError as exc:
-        logs.configure(stream=sys.stderr)
-        structlog.get_logger().error("config_invalid", error=str(exc))
-        return EX_CONFIG
-    logs.configure(level=settings.logging.level, fmt=settings.logging.format, stream=sys.stderr)
+def _checked(args: argparse.Namespace) -> CduSettings:
+    """The settings, with the section the command needs."""
+    from polca.errors import ConfigError  # noqa: PLC0415
+
+    settings = _settings(args)
+    if args.cdu_command == "modbus" and settings.modbus is None:
+        msg = "polca cdu modbus needs a 'modbus:' section (the CDU and its map) in --config"
+        raise ConfigError(msg)
+    if args.cdu_command == "redfish" and settings.redfish is None:
+        msg = "polca cdu redfish needs a 'redfish:' section (the CDU and its endpoint) in --config"
+        raise ConfigError(msg)
+    return settings
+
+
+async def _body(args: argparse.Namespace, settings: CduSettings) -> int | None:
     # The poller logs outages once; pymodbus would log every failed connect.
     logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
-    log = structlog.get_logger()
-    try:
-        if args.cdu_command == "simulate":
-            asyncio.run(_simulate(args, settings))
-        elif args.once:
-            return asyncio.run(_poll_once(settings, args.cdu_command))
-        else:
-            asyncio.run(_poll(args, settings))
-    except (Exception, KeyboardInterrupt) as exc:
-        return exit_code(exc, log, daemon="cdu")
-    return 0
+    if args.cdu_command == "simulate":
+        await _simulate(args, settings)
+        return None
+    if args.once:
+        return await _poll_once(settings, args.cdu_command)
+    await _poll(args, settings)
+    return None
 
 
 def _settings(args: argparse.Namespace) -> CduSettings:
-    from polca.cooling.config import CduSettings  # noqa: PLC0415
+    from polca.cdu.config import CduSettings  # noqa: PLC0415
     from polca.settings import load_settings_as, source_overrides  # noqa: PLC0415
 
     over = source_overrides(
@@ -147,13 +139,13 @@ def _settings(args: argparse.Namespace) -> CduSettings:
 
 
 async def _simulate(args: argparse.Namespace, settings: CduSettings) -> None:
-    from polca.cooling.plant import SimulatedCdu  # noqa: PLC0415
-    from polca.cooling.publisher import (  # noqa: PLC0415
+    from polca.cdu.publisher import (  # noqa: PLC0415
         RackPowerTracker,
         run_plant,
         track_rack_power,
     )
-    from polca.cooling.ratings import CduRatings  # noqa: PLC0415
+    from polca.plant.cdu import SimulatedCdu  # noqa: PLC0415
+    from polca.plant.ratings import CduRatings  # noqa: PLC0415
     from polca.service import serve_source  # noqa: PLC0415
     from polca.telemetry.bus import MqttBus  # noqa: PLC0415
     from polca.telemetry.topics import Topics  # noqa: PLC0415
@@ -225,18 +217,18 @@ async def _fault_script(plant: SimulatedCdu, events: list[FaultEvent]) -> None:
 def _poller(settings: CduSettings, protocol: str) -> CduPoller:
     """The poller of ``polca cdu modbus`` or ``polca cdu redfish`` (checked in main())."""
     if protocol == "redfish":
-        from polca.cooling.redfish import RedfishCduPoller  # noqa: PLC0415
+        from polca.cdu.redfish import RedfishCduPoller  # noqa: PLC0415
 
         assert settings.redfish is not None  # noqa: S101 - checked in main()
         return RedfishCduPoller(settings.redfish)
-    from polca.cooling.modbus import ModbusCduPoller  # noqa: PLC0415 - imports pymodbus
+    from polca.cdu.modbus import ModbusCduPoller  # noqa: PLC0415 - imports pymodbus
 
     assert settings.modbus is not None  # noqa: S101 - checked in main()
     return ModbusCduPoller(settings.modbus)
 
 
 async def _poll(args: argparse.Namespace, settings: CduSettings) -> None:
-    from polca.cooling.publisher import run_poller  # noqa: PLC0415
+    from polca.cdu.publisher import run_poller  # noqa: PLC0415
     from polca.service import serve_source  # noqa: PLC0415
     from polca.telemetry.bus import MqttBus  # noqa: PLC0415
     from polca.telemetry.topics import Topics  # noqa: PLC0415
@@ -255,7 +247,7 @@ async def _poll(args: argparse.Namespace, settings: CduSettings) -> None:
 
 
 async def _poll_once(settings: CduSettings, protocol: str = "modbus") -> int:
-    from polca.cooling.publisher import close_poller  # noqa: PLC0415
+    from polca.cdu.publisher import close_poller  # noqa: PLC0415
     from polca.errors import FatalError, PolcaError  # noqa: PLC0415
 
     poller = _poller(settings, protocol)

@@ -22,7 +22,7 @@ second:
 and the process faults (failed pumps, a blocked loop, a fouled exchanger, warmer facility
 water, coolant lost to a leak). What the CDU *reports* (noise, stuck and drifting sensors,
 leak detectors) is ``sensors.py``'s; the clock, the names and the fault API are
-``SimulatedCdu``'s (``plant.py``). Time is an input (``advance(target_s)``); no clock, no
+``SimulatedCdu``'s (``cdu.py``). Time is an input (``advance(target_s)``); no clock, no
 randomness, no I/O.
 """
 
@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from polca.cooling.coolant import COOLANT_CP_KJ_PER_KG_K, mass_flow_kg_s
-from polca.cooling.ratings import CduRatings
-from polca.cooling.sample import PumpState
+from polca.plant.coolant import COOLANT_CP_KJ_PER_KG_K, mass_flow_kg_s
+from polca.plant.ratings import CduRatings
+from polca.plant.sample import PumpState
 
 __all__ = ["MAX_STEPS", "STEP_S", "PlantModel", "Ramp"]
 

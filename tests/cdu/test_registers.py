@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polca.cooling.registers import (
+from polca.cdu.registers import (
     MAX_LEAK_DETECTORS,
     MAX_PUMPS,
     CduPoint,
@@ -266,7 +266,7 @@ def test_assemble_builds_the_nested_message() -> None:
 
 def test_example_map_is_valid() -> None:
     """deploy/cdu-modbus.example.yaml validates and needs few requests."""
-    from polca.cooling.config import CduSettings
+    from polca.cdu.config import CduSettings
     from polca.settings import load_settings_as
 
     settings = load_settings_as(CduSettings, EXAMPLE_MAP)
@@ -464,7 +464,7 @@ def test_fuzz_any_16_bit_words_decode_to_a_reading_or_a_problem(
 @functools.cache
 def example_map() -> ModbusCduConfig:
     """The register map of deploy/cdu-modbus.example.yaml, read once."""
-    from polca.cooling.config import CduSettings
+    from polca.cdu.config import CduSettings
     from polca.settings import load_settings_as
 
     settings = load_settings_as(CduSettings, EXAMPLE_MAP)
@@ -494,7 +494,7 @@ def test_fuzz_example_map_assembles_from_any_registers(data: st.DataObject) -> N
 
 def test_map_in_a_cdu_config_file_is_typed_yaml(tmp_path: Path) -> None:
     """An address written as a string in the CDU settings file is refused, not converted."""
-    from polca.cooling.config import CduSettings
+    from polca.cdu.config import CduSettings
     from polca.settings import load_settings_as
 
     config = tmp_path / "cdu.yaml"

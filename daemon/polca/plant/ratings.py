@@ -1,7 +1,7 @@
 """What one simulated CDU and its loop are rated for: ``CduRatings``.
 
-The plant model (``plant_model.py``) is sized from these ratings, ``SimulatedCdu``
-(``plant.py``) takes them, and the demo and ``polca cdu simulate`` build them from their
+The plant model (``model.py``) is sized from these ratings, ``SimulatedCdu``
+(``cdu.py``) takes them, and the demo and ``polca cdu simulate`` build them from their
 options. Validation happens here, once, so that the model can trust every field.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polca.cooling.coolant import COOLANT_CP_KJ_PER_KG_K, COOLANT_DENSITY_KG_PER_L
+from polca.plant.coolant import COOLANT_CP_KJ_PER_KG_K, COOLANT_DENSITY_KG_PER_L
 
 __all__ = ["CduRatings"]
 

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from polca.cooling.redfish import RedfishCduConfig
-from polca.cooling.registers import ModbusCduConfig
-from polca.settings import DEFAULT_TOPIC_ROOT, ProcessSettings
+from polca.cdu.redfish import RedfishCduConfig
+from polca.cdu.registers import ModbusCduConfig
+from polca.settings import DEFAULT_TOPIC_ROOT, ProcessSettings, SiteName, TopicRoot
 
 __all__ = ["CduSettings"]
-
-_SEGMENT = r"^[A-Za-z0-9_.-]+$"
 
 
 class CduSettings(ProcessSettings):
     """Settings of a ``polca cdu`` process (YAML via ``--config``, ``POLCA_*`` env)."""
 
-    topic_root: str = Field(DEFAULT_TOPIC_ROOT, description="Topic root, including the version.")
-    site: str = Field("site", pattern=_SEGMENT, description="Site name (topic segment).")
+    topic_root: TopicRoot = DEFAULT_TOPIC_ROOT
+    site: SiteName = "site"
     interval_s: float = Field(1.0, gt=0, le=3600, description="Publish (and poll) period.")
     modbus: ModbusCduConfig | None = Field(
         None, description="The CDU and its register map (polca cdu modbus)."

@@ -6,7 +6,7 @@ as a Redfish ``CoolingUnit``. The poller finds the CDU once (service root ->
 resources it links (coolant connectors, pumps, leak detection and its detectors, filters,
 environment metrics); each ``poll()`` then GETs exactly those and has the pure reader
 (``polca.redfish.cooling``) build the ``CduTelemetry``, which ``run_poller``
-(``polca.cooling.publisher``) publishes like any CDU's telemetry. The leak detection is
+(``polca.cdu.publisher``) publishes like any CDU's telemetry. The leak detection is
 read first in each poll, so a leak is published at the next poll, as on the Modbus path.
 
 How it fails (the same contract as ``ModbusCduPoller``):
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from polca.cooling.outage import Outage
+from polca.cdu.outage import Outage
 from polca.errors import ConfigError, FatalError, ReadingRejectedError, TransportError
 from polca.redfish import open_session
 from polca.redfish.api import RedfishEndpoint, RedfishSession, SessionFactory

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from structlog.testing import capture_logs
 
-from polca.cooling import cli
-from polca.cooling.config import CduSettings
-from polca.cooling.faults import FaultEvent, parse_fault
+from polca.cdu import cli
+from polca.cdu.config import CduSettings
 from polca.exits import EX_CONFIG
+from polca.plant.faults import FaultEvent, parse_fault
 from polca.settings import MqttSettings, load_settings_as
 from polca.telemetry.bus import MqttBus
 from polca.telemetry.schema import CduTelemetry, decode
@@ -26,7 +26,7 @@ from tests.mqtt_broker import MosquittoProcess, free_port
 # How a test runs the commands before polca.cli wires them in: the same two calls.
 ENTRY = (
     "import argparse, sys\n"
-    "from polca.cooling import cli\n"
+    "from polca.cdu import cli\n"
     "parser = argparse.ArgumentParser(prog='polca')\n"
     "cli.add_parsers(parser.add_subparsers(dest='command', required=True))\n"
     "sys.exit(cli.main(parser.parse_args(sys.argv[1:])))\n"

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from polca.cooling.config import CduSettings
-from polca.cooling.modbus import ModbusCduPoller
-from polca.cooling.publisher import DropLog, publish_poll_once
-from polca.cooling.registers import ModbusCduConfig, load_map
+from polca.cdu.config import CduSettings
+from polca.cdu.modbus import ModbusCduPoller
+from polca.cdu.publisher import DropLog, publish_poll_once
+from polca.cdu.registers import ModbusCduConfig, load_map
 from polca.errors import ConfigError, TransportError
 from polca.modbus.client import PymodbusClient
 from polca.settings import load_settings_as

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from polca.cooling.coolant import heat_flow_kw
-from polca.cooling.faults import FAULT_KINDS
-from polca.cooling.plant import SimulatedCdu
-from polca.cooling.ratings import CduRatings
-from polca.cooling.sample import CduSample
-from polca.cooling.sensors import NOISE_CLIP_SIGMA, SENSORS, TEMP_NOISE_C
-from polca.cooling.traces import DiurnalLoad, ManualClock, healthy_day, run_trace
+from polca.plant.cdu import SimulatedCdu
+from polca.plant.coolant import heat_flow_kw
+from polca.plant.faults import FAULT_KINDS
+from polca.plant.ratings import CduRatings
+from polca.plant.sample import CduSample
+from polca.plant.sensors import NOISE_CLIP_SIGMA, SENSORS, TEMP_NOISE_C
+from polca.plant.traces import DiurnalLoad, ManualClock, healthy_day, run_trace
 from polca.telemetry.schema import CduTelemetry, decode, encode
 from tests.cpu import cpu_budget_s
 

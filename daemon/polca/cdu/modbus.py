@@ -1,11 +1,11 @@
 """Poll a CDU over Modbus TCP: ``ModbusCduPoller``.
 
 Why it exists: most CDUs in the field speak Modbus TCP, not MQTT. ``ModbusCduPoller``
-reads the registers of a CDU's register map (``polca.cooling.registers``) in as few
+reads the registers of a CDU's register map (``polca.cdu.registers``) in as few
 requests as the map allows (``polca.modbus.registers.plan_reads``), over a
 ``polca.modbus.client.RegisterClient`` (``PymodbusClient`` unless a test gives another),
 decodes them and returns a ``CduTelemetry``, which ``run_poller``
-(``polca.cooling.publisher``) publishes like any CDU's own telemetry.
+(``polca.cdu.publisher``) publishes like any CDU's own telemetry.
 
 How it fails:
 
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from polca.cooling.outage import Outage
-from polca.cooling.registers import ModbusCduConfig, assemble
+from polca.cdu.outage import Outage
+from polca.cdu.registers import ModbusCduConfig, assemble
 from polca.errors import ConfigError, TransportError
 from polca.modbus.client import PymodbusClient, RegisterClient
 from polca.modbus.registers import DecodeProblem, ReadBlock, decode_point, plan_reads

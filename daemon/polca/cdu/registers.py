@@ -9,7 +9,7 @@ device unit) that names the dotted ``CduTelemetry`` field it fills
 
 This module is pure: it validates maps (``ConfigError`` for a bad one) and turns decoded
 register values into a ``CduTelemetry`` (``assemble``). Planning the reads and decoding
-the registers are ``polca.modbus.registers``'; the poller is ``polca.cooling.modbus``.
+the registers are ``polca.modbus.registers``'; the poller is ``polca.cdu.modbus``.
 
 A validated map fits the wire schema (names, pump and leak detector counts), so
 ``assemble`` of decoded values always validates. A map file is read through

@@ -1,9 +1,9 @@
 """The coolant of the simulated plant, and the heat a flow of it carries.
 
-Why a module of its own: the plant model (``plant_model.py``), the CDU's own heat figure
-(``plant.py``), the ratings' loop heat capacity (``ratings.py``) and the tests' heat
+Why a module of its own: the plant model (``model.py``), the CDU's own heat figure
+(``cdu.py``), the ratings' loop heat capacity (``ratings.py``) and the tests' heat
 balances must all use the same constants; a supervisor checking the plant's heat balance
-must use them too (``loops.py`` takes them as loop settings, with these defaults).
+must use them too (``cooling/loops.py`` takes them as loop settings, with these defaults).
 
 The coolant is water (DI water with inhibitor). PG25 would be cp ~3.8 kJ/(kg K) and rho
 ~1.02 kg/L. Pure arithmetic: no state, no I/O.

@@ -42,13 +42,13 @@ from polca.telemetry.schema import SchemaError, Telemetry, decode, encode
 from polca.telemetry.topics import Topics
 
 if TYPE_CHECKING:
-    from polca.cooling.plant import SimulatedCdu
+    from polca.plant.cdu import SimulatedCdu
+    from polca.service import Publisher
     from polca.telemetry.schema import CduTelemetry
 
 __all__ = [
     "CduPoller",
     "DropLog",
-    "Publisher",
     "RackPowerTracker",
     "publish_plant_once",
     "publish_poll_once",
@@ -58,13 +58,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-
-class Publisher(Protocol):
-    """Where CDU telemetry goes: ``MqttBus`` or any object with ``publish_nowait``."""
-
-    def publish_nowait(self, msg: OutMessage) -> None:
-        """Queue ``msg`` for the broker without waiting."""
 
 
 class Subscriber(Protocol):

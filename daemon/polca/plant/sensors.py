@@ -1,6 +1,6 @@
 """What a simulated CDU's instruments report: noisy, stuck and drifting readings, and leaks.
 
-The plant model (``plant_model.py``) knows the truth; a real CDU only reports what its
+The plant model (``model.py``) knows the truth; a real CDU only reports what its
 sensors read. ``Sensors`` turns the model's perfect readings into reported ones: seeded,
 bounded Gaussian-like noise on every reading, and the sensor faults (a reading stuck at a
 value, one drifting linearly away from the truth). ``LeakDetectors`` are the CDU's leak
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from polca.cooling.sample import LeakState
+from polca.plant.sample import LeakState
 
 __all__ = [
     "NOISE_CLIP_SIGMA",

@@ -13,15 +13,15 @@ import pytest
 import yaml
 from structlog.testing import capture_logs
 
-from polca.cooling.publisher import publish_poll_once
-from polca.cooling.redfish import RedfishCduConfig, RedfishCduPoller
+from polca.cdu.publisher import publish_poll_once
+from polca.cdu.redfish import RedfishCduConfig, RedfishCduPoller
 from polca.errors import ConfigError, TransportAuthError, TransportError
 from polca.exits import EX_CONFIG
 from polca.redfish.api import RedfishEndpoint
 from polca.telemetry.bus import OutMessage
 from polca.telemetry.schema import CduTelemetry, decode
 from polca.telemetry.topics import Topics
-from tests.cooling.test_cli import ENTRY, drain, listen, run_polca, settle
+from tests.cdu.test_cli import ENTRY, drain, listen, run_polca, settle
 from tests.mqtt_broker import MosquittoProcess
 from tests.services import free_port
 from tests.standins.fixtures import PASSWORD, USERNAME

@@ -1,6 +1,6 @@
 """One reading of a simulated CDU (``CduSample``) and its wire message.
 
-``SimulatedCdu.sample`` (``plant.py``) returns it; the traces (``traces.py``) yield it by
+``SimulatedCdu.sample`` (``cdu.py``) returns it; the traces (``traces.py``) yield it by
 the tens of thousands; ``to_telemetry`` turns it into the ``CduTelemetry`` message that
 ``polca cdu simulate`` and the demo publish. A value type only: no model, no I/O.
 """

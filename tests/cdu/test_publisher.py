@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from polca.cooling import publisher
-from polca.cooling.modbus import ModbusCduPoller
-from polca.cooling.plant import SimulatedCdu
-from polca.cooling.publisher import (
+from polca.cdu import publisher
+from polca.cdu.modbus import ModbusCduPoller
+from polca.cdu.publisher import (
     DropLog,
     RackPowerTracker,
     publish_plant_once,
@@ -21,7 +20,8 @@ from polca.cooling.publisher import (
     run_poller,
     track_rack_power,
 )
-from polca.cooling.registers import load_map
+from polca.cdu.registers import load_map
+from polca.plant.cdu import SimulatedCdu
 from polca.settings import MqttSettings
 from polca.telemetry.bus import InMessage, MqttBus, OutMessage
 from polca.telemetry.schema import CduTelemetry, Telemetry, decode, encode

@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from polca.cooling.plant import SimulatedCdu
-from polca.cooling.ratings import CduRatings
-from polca.cooling.sample import CduSample
+from polca.plant.cdu import SimulatedCdu
+from polca.plant.ratings import CduRatings
+from polca.plant.sample import CduSample
 from polca.seeds import MASK64, mix64
 
 __all__ = ["DiurnalLoad", "ManualClock", "healthy_day", "run_trace"]
