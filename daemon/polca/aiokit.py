@@ -116,6 +116,16 @@ def install_signal_handlers(stop: asyncio.Event, reload: asyncio.Event) -> None:
     loop.add_signal_handler(signal.SIGHUP, reload.set)
 
 
+def stop_on_signals(
+    stop: asyncio.Event, reload: asyncio.Event, *, duration_s: float | None = None
+) -> None:
+    """A process's signals (``install_signal_handlers``), and a stop after ``duration_s``
+    when given (``--duration``)."""
+    install_signal_handlers(stop, reload)
+    if duration_s is not None:
+        asyncio.get_running_loop().call_later(duration_s, stop.set)
+
+
 async def raise_when_set(event: asyncio.Event) -> None:
     """Wait for ``event``, then raise ``StopRequestedError`` to end the TaskGroup."""
     await event.wait()

@@ -195,9 +195,7 @@ async def serve_source(
     """Run a telemetry source's bus and its guarded ``loops`` until SIGTERM/SIGINT or
     ``duration_s``, then close the bus cleanly (``polca cdu``, ``polca meter``)."""
     stop = asyncio.Event()
-    aiokit.install_signal_handlers(stop, asyncio.Event())
-    if duration_s is not None:
-        asyncio.get_running_loop().call_later(duration_s, stop.set)
+    aiokit.stop_on_signals(stop, asyncio.Event(), duration_s=duration_s)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.run(), name="mqtt")  # returns after close()
         tasks = [tg.create_task(aiokit.guard(name, coro), name=name) for name, coro in loops]

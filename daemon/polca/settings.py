@@ -466,6 +466,19 @@ def source_overrides(
     return over
 
 
+def load_source_settings(cls: type[SettingsT], args: Any) -> SettingsT:
+    """A telemetry source's settings (``polca cdu``, ``polca meter``): ``--config`` with
+    the options ``source_overrides`` takes from its command line ``args``."""
+    over = source_overrides(
+        broker=args.broker,
+        site=args.site,
+        interval_s=args.interval,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
+    return load_settings_as(cls, args.config, **over)
+
+
 def load_settings_as(
     cls: type[SettingsT], config_file: Path | None = None, **overrides: Any
 ) -> SettingsT:

@@ -8,7 +8,6 @@ policy, the Prometheus sink, and an in-process broker with ``--embedded-broker``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,5 @@ async def _run(settings: Settings, *, duration_s: float | None, embedded_broker:
             # replaces its series at once.
             sinks=metrics_sinks(settings.metrics, snapshots=frozenset({"gpu_cap"})),
         )
-        aiokit.install_signal_handlers(agent.stop_requested, agent.reload_requested)
-        if duration_s is not None:
-            asyncio.get_running_loop().call_later(duration_s, agent.stop_requested.set)
+        aiokit.stop_on_signals(agent.stop_requested, agent.reload_requested, duration_s=duration_s)
         await agent.run()

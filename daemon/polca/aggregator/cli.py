@@ -8,7 +8,6 @@ settings ask for, and the aggregator with its signal handlers.
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +67,7 @@ async def _run(settings: AggregatorSettings, *, duration_s: float | None) -> Non
     sinks: list[Sink] = [sink] if sink is not None else []
     sinks.extend(metrics_sinks(settings.metrics))
     aggregator = Aggregator(settings, sinks=sinks)
-    aiokit.install_signal_handlers(aggregator.stop_requested, aggregator.reload_requested)
-    if duration_s is not None:
-        asyncio.get_running_loop().call_later(duration_s, aggregator.stop_requested.set)
+    aiokit.stop_on_signals(
+        aggregator.stop_requested, aggregator.reload_requested, duration_s=duration_s
+    )
     await aggregator.run()

@@ -126,16 +126,9 @@ async def _body(args: argparse.Namespace, settings: CduSettings) -> int | None:
 
 def _settings(args: argparse.Namespace) -> CduSettings:
     from polca.cdu.config import CduSettings  # noqa: PLC0415
-    from polca.settings import load_settings_as, source_overrides  # noqa: PLC0415
+    from polca.settings import load_source_settings  # noqa: PLC0415
 
-    over = source_overrides(
-        broker=args.broker,
-        site=args.site,
-        interval_s=args.interval,
-        log_level=args.log_level,
-        log_format=args.log_format,
-    )
-    return load_settings_as(CduSettings, args.config, **over)
+    return load_source_settings(CduSettings, args)
 
 
 async def _simulate(args: argparse.Namespace, settings: CduSettings) -> None:

@@ -100,16 +100,9 @@ def main(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace) -> MeterSettings:
     from polca.errors import ConfigError  # noqa: PLC0415
     from polca.meter.config import MeterSettings  # noqa: PLC0415
-    from polca.settings import load_settings_as, source_overrides  # noqa: PLC0415
+    from polca.settings import load_source_settings  # noqa: PLC0415
 
-    over = source_overrides(
-        broker=args.broker,
-        site=args.site,
-        interval_s=args.interval,
-        log_level=args.log_level,
-        log_format=args.log_format,
-    )
-    settings = load_settings_as(MeterSettings, args.config, **over)
+    settings = load_source_settings(MeterSettings, args)
     if not settings.rows:
         msg = "polca meter run needs a 'rows:' section (each row and its sources) in --config"
         raise ConfigError(msg)
