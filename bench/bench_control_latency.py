@@ -82,7 +82,7 @@ async def control_latency_ms(  # noqa: PLR0915 - one linear measurement script
     from polca.agent.runtime import Agent
     from polca.gpu.nvml import NvmlBackend
     from polca.policy import PolicyStore
-    from polca.telemetry.bus import InMessage
+    from polca.telemetry.messages import InMessage
     from polca.telemetry.schema import Control, encode
 
     writes: list[int] = []

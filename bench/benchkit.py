@@ -221,7 +221,7 @@ def _aggregator(args: argparse.Namespace) -> dict[str, Any]:
     from polca.aggregator.runtime import Aggregator
     from polca.export.influx import make_sink
     from polca.settings import load_settings_as
-    from polca.telemetry.bus import InMessage
+    from polca.telemetry.messages import InMessage
 
     logs.configure(level="error", fmt="json", stream=sys.stderr)
     settings = load_settings_as(AggregatorSettings, Path(args.config))
@@ -439,7 +439,7 @@ def _serve(args: argparse.Namespace) -> dict[str, Any]:
     from polca.aggregator.runtime import Aggregator
     from polca.export.influx import make_sink
     from polca.settings import load_settings_as
-    from polca.telemetry.bus import InMessage
+    from polca.telemetry.messages import InMessage
 
     logs.configure(level="warning", fmt="json", stream=sys.stderr)
     settings = load_settings_as(AggregatorSettings, Path(args.config))

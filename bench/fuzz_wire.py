@@ -41,7 +41,7 @@ from tests.telemetry.test_wire_fuzz import (  # noqa: E402
 from tests.wire_fuzz import KINDS, check, mutate, valid_messages  # noqa: E402
 
 from polca.errors import SchemaError  # noqa: E402
-from polca.telemetry.bus import InMessage  # noqa: E402
+from polca.telemetry.messages import InMessage  # noqa: E402
 from polca.telemetry.schema import decode  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "fuzz.json"

@@ -28,8 +28,8 @@ from polca.gpu.simulated import SimulatedBackend
 from polca.plant.cdu import SimulatedCdu
 from polca.plant.ratings import CduRatings
 from polca.policy import PolicyStore
-from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.memory import MemoryBroker, MemoryBus
+from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import Control, Meter, encode
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,8 +31,8 @@ from typing import Any
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.runtime import Aggregator
 from polca.export.sink import MemorySink
-from polca.telemetry.bus import InMessage
 from polca.telemetry.memory import MemoryBroker, MemoryBus
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import (
     MAX_PAYLOAD_BYTES,
     CduTelemetry,

@@ -20,8 +20,8 @@ from structlog.testing import capture_logs
 from polca.aggregator import messages
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.intake import node_shard
-from polca.telemetry.bus import OutMessage
 from polca.telemetry.memory import MemoryBus
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import (
     GpuHealthReport,
     GpuTelemetry,

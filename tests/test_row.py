@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from polca.telemetry.bus import OutMessage
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import Assignment, Meter, encode
 from tests.integration.test_hostile_retained import poison
 from tests.row import HOUR_NS, ROW, SITE, Row

@@ -12,7 +12,7 @@ import sys
 import time
 
 from polca.status import Snapshot, as_json, render
-from polca.telemetry.bus import InMessage
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import RackSummary, RowSummary, encode
 from polca.telemetry.topics import Topics
 from tests.mqtt_broker import MosquittoFactory

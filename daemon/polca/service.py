@@ -28,7 +28,7 @@ from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
 
 if TYPE_CHECKING:
-    from polca.telemetry.bus import Bus, OutMessage
+    from polca.telemetry.messages import Bus, OutMessage
 
 __all__ = [
     "STOP_BOUNDS",

@@ -15,7 +15,8 @@ from typing import Any, TextIO
 
 from polca.errors import PolcaError, TransportError
 from polca.settings import MqttSettings
-from polca.telemetry.bus import InMessage, MqttBus
+from polca.telemetry.bus import MqttBus
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import Control, RowSummary, SchemaError, State, Status, decode
 from polca.telemetry.topics import Topics
 

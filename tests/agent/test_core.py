@@ -38,7 +38,7 @@ from polca.gpu.clocks import snap_sm_clock_mhz
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
 from polca.policy.loader import revision_of
-from polca.telemetry.bus import InMessage, OutMessage
+from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import (
     Control,
     Event,

@@ -23,7 +23,7 @@ from polca.agent.plans import Effects
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
 from polca.policy.loader import revision_of
-from polca.telemetry.bus import InMessage, OutMessage
+from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import Assignment, Control, Event, PolicyBundle, encode
 from polca.telemetry.topics import NodeAddress, Topics
 from tests.row import policy_file

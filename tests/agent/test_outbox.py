@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from polca.agent.outbox import Outbox
 from polca.agent.plans import LogBook
-from polca.telemetry.bus import OutMessage
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import Event, decode
 from polca.telemetry.topics import NodeAddress, Topics
 

@@ -10,7 +10,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from polca.agent.silence import SilenceWatch, look, watch_for, watch_task
-from polca.telemetry.bus import BusStats
+from polca.telemetry.messages import BusStats
 
 S = 1_000_000_000
 

@@ -8,8 +8,8 @@ from structlog.testing import capture_logs
 from polca.aggregator.config import IntakeSettings, NodeSpec, RackSpec, RowSpec
 from polca.aggregator.intake import Intake, TelemetryIn
 from polca.aggregator.rollup import RowTracker
-from polca.telemetry.bus import InMessage
 from polca.telemetry.checks import RateGate, TokenBucket
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import Event, GpuTelemetry, Meter, Status, Telemetry, encode
 from polca.telemetry.topics import Topics
 

@@ -14,8 +14,8 @@ from polca.aggregator.intake import node_shard
 from polca.coord.leadership import Leadership
 from polca.policy import PolicyStore
 from polca.settings import MqttSettings
-from polca.telemetry.bus import OutMessage
 from polca.telemetry.memory import MemoryBroker, MemoryBus
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import Meter, encode
 
 POLICY = Path(__file__).resolve().parents[2] / "policies" / "polca-a100.yaml"

@@ -18,7 +18,7 @@ from polca.aggregator.core import AggregatorCore, Received
 from polca.aggregator.intake import node_shard
 from polca.export.sink import FanOut, MemorySink
 from polca.policy import PolicyStore
-from polca.telemetry.bus import InMessage
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import (
     Control,
     Event,

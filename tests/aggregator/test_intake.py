@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 from polca.aggregator.config import NodeSpec, RackSpec, RowSpec
 from polca.aggregator.intake import Accepted, Intake, RetainedControl, TelemetryIn
 from polca.aggregator.rollup import Ingested, RowTracker
-from polca.telemetry.bus import InMessage
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import Control, Event, Meter, State, Status, Telemetry, encode
 from polca.telemetry.topics import Topics
 

@@ -19,7 +19,7 @@ from polca.cdu.registers import ModbusCduConfig, load_map
 from polca.errors import ConfigError, TransportError
 from polca.modbus.client import PymodbusClient
 from polca.settings import load_settings_as
-from polca.telemetry.bus import OutMessage
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import CduTelemetry
 from tests.modbus.conftest import ModbusTestServer, word16, words32
 from tests.mqtt_broker import free_port

@@ -23,7 +23,8 @@ from polca.cdu.publisher import (
 from polca.cdu.registers import load_map
 from polca.plant.cdu import SimulatedCdu
 from polca.settings import MqttSettings
-from polca.telemetry.bus import InMessage, MqttBus, OutMessage
+from polca.telemetry.bus import MqttBus
+from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import CduTelemetry, Telemetry, decode, encode
 from polca.telemetry.topics import NodeAddress, Topics
 from tests.modbus.conftest import ModbusTestServer

@@ -18,7 +18,7 @@ from polca.cdu.redfish import RedfishCduConfig, RedfishCduPoller
 from polca.errors import ConfigError, TransportAuthError, TransportError
 from polca.exits import EX_CONFIG
 from polca.redfish.api import RedfishEndpoint
-from polca.telemetry.bus import OutMessage
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import CduTelemetry, decode
 from polca.telemetry.topics import Topics
 from tests.cdu.test_cli import ENTRY, drain, listen, run_polca, settle

@@ -186,7 +186,8 @@ async def test_polca_connects_with_the_node_certificate_alone(
     certificate and key from its node-local directory, no user name, no password) is
     node1 on the node listener: its telemetry arrives, its write to node2's topic does not."""
     from polca.settings import MqttSettings
-    from polca.telemetry.bus import MqttBus, OutMessage
+    from polca.telemetry.bus import MqttBus
+    from polca.telemetry.messages import OutMessage
 
     tls = make_tls_files(tmp_path / "pki")
     cert, key = _issue(tls, "node1", tmp_path / "mqtt-identity")

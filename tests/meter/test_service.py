@@ -21,8 +21,8 @@ from polca.meter.row import SourceFailure, SourceLog
 from polca.meter.service import MeterRow, meter_once, read_source
 from polca.meter.snmp import SnmpSource, SnmpSourceConfig
 from polca.meter.source import SourceReading
-from polca.telemetry.bus import OutMessage
 from polca.telemetry.checks import DropLog
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import Meter, decode
 from tests.mqtt_broker import MosquittoProcess
 from tests.snmpsim import SnmpSimProcess

@@ -16,7 +16,8 @@ import pytest
 from polca.errors import ConfigError, FatalError
 from polca.settings import MqttSettings
 from polca.telemetry.broker import EmbeddedBroker
-from polca.telemetry.bus import MqttBus, OutMessage, _reap
+from polca.telemetry.bus import MqttBus, _reap
+from polca.telemetry.messages import OutMessage
 from tests.mqtt_broker import free_port
 
 WAIT_S = 5.0

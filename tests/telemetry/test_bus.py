@@ -20,13 +20,8 @@ from structlog.testing import capture_logs
 from polca import aiokit
 from polca.errors import ConfigError, TransportAuthError
 from polca.settings import MqttSettings
-from polca.telemetry.bus import (
-    InMessage,
-    MqttBus,
-    OutMessage,
-    _reap,
-    topic_matches,
-)
+from polca.telemetry.bus import MqttBus, _reap
+from polca.telemetry.messages import InMessage, OutMessage, topic_matches
 from tests.mqtt_broker import MosquittoFactory, MosquittoProcess, free_port
 
 WAIT_S = 5.0
@@ -308,7 +303,8 @@ _CHILD = textwrap.dedent(
     """
     import asyncio, sys
     from polca.settings import MqttSettings
-    from polca.telemetry.bus import MqttBus, OutMessage
+    from polca.telemetry.bus import MqttBus
+    from polca.telemetry.messages import OutMessage
 
     async def main() -> None:
         status = "polca/test/node-9/status"

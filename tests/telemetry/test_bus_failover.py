@@ -23,7 +23,8 @@ from structlog.testing import capture_logs
 from polca.agent.config import Settings
 from polca.errors import TransportError
 from polca.settings import MqttSettings
-from polca.telemetry.bus import MqttBus, OutMessage
+from polca.telemetry.bus import MqttBus
+from polca.telemetry.messages import OutMessage
 from tests.mqtt_broker import MosquittoFactory, MosquittoProcess, free_port
 from tests.telemetry.test_bus import inbox_get, next_message, observer, running, wait_until
 

@@ -16,7 +16,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from polca.settings import MqttSettings
-from polca.telemetry.bus import MqttBus, OutMessage
+from polca.telemetry.bus import MqttBus
+from polca.telemetry.messages import OutMessage
 from tests.mqtt_broker import MosquittoFactory, TlsFiles, make_tls_files
 from tests.telemetry.test_bus import fast_settings, running, wait_until
 

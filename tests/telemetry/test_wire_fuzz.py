@@ -28,7 +28,7 @@ from polca.errors import SchemaError
 from polca.export.sink import MemorySink
 from polca.gpu.simulated import SimulatedBackend
 from polca.policy import PolicyStore
-from polca.telemetry.bus import InMessage
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import decode, encode
 from polca.telemetry.topics import NodeAddress, Topics
 from tests.fuzzing import FUZZ

@@ -60,8 +60,8 @@ from polca.assign.rules import Classes
 from polca.errors import GpuError
 from polca.gpu.backend import GpuHealth, GpuInfo, GpuSample, WriteResult
 from polca.policy import Decision, GpuTarget, LoadedPolicy, PolicyStore
-from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.checks import DropLog
+from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import Telemetry
 from polca.telemetry.topics import NodeAddress, Topics
 

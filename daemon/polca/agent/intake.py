@@ -30,8 +30,8 @@ from polca.errors import SchemaError
 from polca.gpu.backend import GpuInfo
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.policy.loader import revision_of
-from polca.telemetry.bus import InMessage
 from polca.telemetry.checks import ClockWindow, DropLog, RateGate
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import Assignment, Control, PolicyBundle, decode
 from polca.telemetry.topics import NodeAddress, Topics
 

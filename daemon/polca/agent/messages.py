@@ -21,7 +21,7 @@ from polca import __version__
 from polca.agent.control import Lease
 from polca.assign.model import Workload
 from polca.policy import Decision, GpuTarget
-from polca.telemetry.bus import BusStats, OutMessage
+from polca.telemetry.messages import BusStats, OutMessage
 from polca.telemetry.schema import (
     AgentHealth,
     Event,

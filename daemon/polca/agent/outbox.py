@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from polca.agent import messages
 from polca.agent.plans import Effects, LogBook
-from polca.telemetry.bus import OutMessage
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.topics import NodeAddress, Topics
 
 

@@ -21,7 +21,7 @@ from polca.agent.actuator import ApplyResult, GpuPlan
 from polca.agent.baseline import Baseline
 from polca.gpu.backend import GpuSample
 from polca.policy import Decision
-from polca.telemetry.bus import OutMessage
+from polca.telemetry.messages import OutMessage
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 

@@ -27,7 +27,7 @@ from polca.errors import GpuError
 from polca.export.points import mqtt_points
 from polca.export.sink import FanOut
 from polca.gpu.backend import GpuSample
-from polca.telemetry.bus import BusStats
+from polca.telemetry.messages import BusStats
 from polca.telemetry.schema import Telemetry
 
 __all__ = ["TelemetryPublisher"]

@@ -40,7 +40,8 @@ from polca.gpu.backend import GpuBackend
 from polca.gpu.threaded import ThreadedGpu
 from polca.policy import PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
-from polca.telemetry.bus import Bus, BusFactory, InMessage, MqttBus, OutMessage
+from polca.telemetry.bus import MqttBus
+from polca.telemetry.messages import Bus, BusFactory, InMessage, OutMessage
 from polca.telemetry.topics import NodeAddress, Topics
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from polca import aiokit
-from polca.telemetry.bus import Bus
+from polca.telemetry.messages import Bus
 
 _MAX_SILENCE_S = 300.0
 

@@ -26,7 +26,7 @@ from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.intake import Intake, NodeMoveKind, node_shard
 from polca.coord.etcd import Elector, EtcdClient
 from polca.coord.leadership import Leadership
-from polca.telemetry.bus import Bus, BusFactory, BusStats, InMessage, OutMessage
+from polca.telemetry.messages import Bus, BusFactory, BusStats, InMessage, OutMessage
 
 Subscriptions = list[tuple[str, int]]
 """Topic filters with their QoS, as a bus subscribes them."""

@@ -50,8 +50,8 @@ from polca.export.points import AnyPoint, Point, mqtt_points
 from polca.export.schedule import Thinning
 from polca.export.sink import FanOut
 from polca.policy import LoadedPolicy, PolicyStore
-from polca.telemetry.bus import BusStats, InMessage, OutMessage
 from polca.telemetry.checks import ClockWindow, DropLog
+from polca.telemetry.messages import BusStats, InMessage, OutMessage
 from polca.telemetry.topics import Topics
 
 __all__ = ["AggregatorCore", "Received", "Stepped"]

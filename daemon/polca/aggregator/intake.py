@@ -46,8 +46,8 @@ from polca.aggregator.config import IntakeSettings
 from polca.aggregator.rollup import Anomaly, NodeView, RowTracker
 from polca.coord.leadership import MAX_PLAUSIBLE_TERM
 from polca.errors import SchemaError, StaleMessageError
-from polca.telemetry.bus import InMessage
 from polca.telemetry.checks import ClockWindow, DropLog, RateGate, TokenBucket, check_identity
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import (
     MAX_PAYLOAD_BYTES,
     CduTelemetry,

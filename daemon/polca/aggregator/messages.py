@@ -19,7 +19,7 @@ from polca.aggregator.step import RowResult, Scope, StepResult
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.supervisor import LoopAssessment
 from polca.policy import LoadedPolicy
-from polca.telemetry.bus import OutMessage
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import (
     MAX_PAYLOAD_BYTES,
     CoolingAlarm,

@@ -27,7 +27,8 @@ from polca.exits import ExitRecord
 from polca.export.sink import FanOut, Sink
 from polca.policy import LoadedPolicy, PolicyStore
 from polca.sdnotify import SystemdNotifier, WatchdogGate
-from polca.telemetry.bus import Bus, BusFactory, InMessage, MqttBus, OutMessage
+from polca.telemetry.bus import MqttBus
+from polca.telemetry.messages import Bus, BusFactory, InMessage, OutMessage
 
 _Task = Coroutine[Any, Any, object]
 

@@ -86,7 +86,8 @@ from polca.settings import (
     SiteName,
     TopicRoot,
 )
-from polca.telemetry.bus import InMessage, MqttBus, OutMessage
+from polca.telemetry.bus import MqttBus
+from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES, Assignment, Status, decode, encode
 from polca.telemetry.topics import NodeAddress, Topics
 

@@ -36,8 +36,8 @@ import structlog
 
 from polca import aiokit
 from polca.errors import FatalError, TransportError
-from polca.telemetry.bus import InMessage, OutMessage
 from polca.telemetry.checks import DropLog
+from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import SchemaError, Telemetry, decode, encode
 from polca.telemetry.topics import Topics
 

@@ -21,7 +21,7 @@ from typing import Final
 
 from polca.demo.counterfactual import ClassClocks, Counterfactual
 from polca.demo.options import ROW, DemoOptions
-from polca.telemetry.bus import InMessage
+from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import (
     Control,
     CoolingAlarm,

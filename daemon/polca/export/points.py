@@ -28,7 +28,7 @@ from typing import Final, NamedTuple
 import orjson
 
 from polca.export.schema import SCHEMA, FieldType
-from polca.telemetry.bus import BusStats
+from polca.telemetry.messages import BusStats
 
 FieldValue = float | int | bool | str
 

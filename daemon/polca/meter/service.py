@@ -26,8 +26,8 @@ from polca import aiokit
 from polca.errors import ConfigError, ReadingRejectedError, TransportAuthError, TransportError
 from polca.meter.row import SourceFailure, SourceLog, SourceResult, row_meter
 from polca.meter.source import MeterSource
-from polca.telemetry.bus import OutMessage
 from polca.telemetry.checks import DropLog
+from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import Meter, encode
 
 if TYPE_CHECKING:

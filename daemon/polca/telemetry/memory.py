@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from polca.settings import MqttSettings
-from polca.telemetry.bus import BusStats, InMessage, OutMessage, topic_matches
+from polca.telemetry.messages import BusStats, InMessage, OutMessage, topic_matches
 
 __all__ = ["MemoryBroker", "MemoryBus"]
 
