@@ -15,7 +15,10 @@ kind of action is one more write kind. For each GPU:
 - writes that change nothing are skipped; a limit is read back after it is set, and a
   limit someone else changed is re-asserted (reported as such).
 
-Outcomes are data (``ApplyResult``): one failing GPU never stops the others.
+Outcomes are data (``ApplyResult``): one failing GPU never stops the others. This is the
+actuator shape of ``actuation.py``: the desired ``Setting``, the writes, the read-back
+(``read_back_ok``), the retry (a failed GPU keeps its known setting, so the next step
+writes again) and the outcome (``GpuOutcome``, an ``actuation.Outcome``).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from polca.actuation import error_text, read_back_ok
 from polca.agent.baseline import Baseline
-from polca.errors import GpuError, GpuLostError
+from polca.errors import GpuLostError
 from polca.gpu.backend import (
     GpuInfo,
     GpuSample,
@@ -60,6 +64,11 @@ class GpuOutcome:
     enforced_power_limit_mw: int | None = None
     changes: tuple[str, ...] = ()
     error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The GPU's setting is in force (``actuation.Outcome``)."""
+        return self.action in ("applied", "unchanged", "reasserted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,11 +223,7 @@ class Actuator:
                 self.applied[plan.index] = have
                 exc = result.error
                 action: Action = "lost" if isinstance(exc, GpuLostError) else "failed"
-                error = (
-                    str(exc)
-                    if isinstance(exc, GpuError)
-                    else f"unexpected {type(exc).__name__}: {exc}"
-                )
+                error = error_text(exc)
                 return GpuOutcome(plan.index, plan.uuid, action, have, None, tuple(changes), error)
             if isinstance(write, ResetSmClocks):
                 have = Setting(None, have.power_limit_mw)
@@ -234,7 +239,7 @@ class Actuator:
                 if (
                     readback is not None
                     and readback.power_limit_mw is not None
-                    and readback.power_limit_mw != write.limit_mw
+                    and not read_back_ok(write.limit_mw, readback.power_limit_mw)
                 ):
                     self.applied[plan.index] = have
                     msg = (

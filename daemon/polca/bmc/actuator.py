@@ -13,7 +13,8 @@ write the BMC reports back differently (``verified`` False: a BMC that accepts a
 keeps another value) are outcomes, retried at the write pace until the target is in force
 or replaced; the session is dropped after a failure and made again. Nothing but
 cancellation ends a worker. Never an uncap: a release is only ever written for a release
-target, and a failed cap is retried, not abandoned.
+target, and a failed cap is retried, not abandoned. This is the actuator shape of
+``actuation.py``; ``OobOutcome`` is an ``actuation.Outcome``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any, NoReturn, Protocol
 
 import structlog
 
+from polca.actuation import error_text
 from polca.bmc.config import BmcNode, BmcSettings
 from polca.bmc.plan import OobTarget
-from polca.errors import PolcaError
 
 __all__ = ["BmcActuator", "Connector", "OobOutcome", "PowerControl"]
 
@@ -87,7 +88,7 @@ class OobOutcome:
 
     @property
     def ok(self) -> bool:
-        """Written without error and read back as written."""
+        """Written without error and read back as written (``actuation.Outcome``)."""
         return self.error is None and self.verified
 
     def log_line(self) -> tuple[str, str, dict[str, object]]:
@@ -202,7 +203,7 @@ class BmcActuator:
             raise
         except Exception as exc:  # every failure is an outcome, retried at the write pace
             await self._drop(node)
-            error = str(exc) if isinstance(exc, PolcaError) else f"{type(exc).__name__}: {exc}"
+            error = error_text(exc)
             self._report(name, node, target, action, limit_w=None, verified=False, error=error)
             return
         verified = bool(getattr(result, "verified", False))
@@ -243,7 +244,7 @@ class BmcActuator:
             target_w=written_w,
             limit_w=limit_w,
             verified=verified,
-            error=error[:300] if error else None,
+            error=error,
             reason=target.reason,
             latency_s=round(self._clock() - node.target_s, 3),
         )

@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from polca.actuation import read_back_ok
 from polca.errors import ConfigError, ReadingRejectedError
 from polca.readings import checked_number
 from polca.redfish.api import RedfishSession
@@ -513,7 +514,9 @@ class BmcPowerControl:
             return CapResult(limit_w=None, verified=False)
         if watts is None or back is None:
             return CapResult(limit_w=back, verified=watts is None and back is None)
-        return CapResult(limit_w=back, verified=abs(back - watts) <= VERIFY_TOLERANCE_W)
+        return CapResult(
+            limit_w=back, verified=read_back_ok(watts, back, tolerance=VERIFY_TOLERANCE_W)
+        )
 
 
 def _scaled(value: object, w_per_unit: float, *, what: str) -> float | None:
