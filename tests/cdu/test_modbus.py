@@ -14,11 +14,12 @@ from structlog.testing import capture_logs
 
 from polca.cdu.config import CduSettings
 from polca.cdu.modbus import ModbusCduPoller
-from polca.cdu.publisher import DropLog, publish_poll_once
+from polca.cdu.publisher import publish_poll_once
 from polca.cdu.registers import ModbusCduConfig, load_map
 from polca.errors import ConfigError, TransportError
 from polca.modbus.client import PymodbusClient
 from polca.settings import load_settings_as
+from polca.telemetry.checks import DropLog
 from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import CduTelemetry
 from tests.modbus.conftest import ModbusTestServer, word16, words32

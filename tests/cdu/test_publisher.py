@@ -13,7 +13,6 @@ from structlog.testing import capture_logs
 from polca.cdu import publisher
 from polca.cdu.modbus import ModbusCduPoller
 from polca.cdu.publisher import (
-    DropLog,
     RackPowerTracker,
     publish_plant_once,
     run_plant,
@@ -24,6 +23,7 @@ from polca.cdu.registers import load_map
 from polca.plant.cdu import SimulatedCdu
 from polca.settings import MqttSettings
 from polca.telemetry.bus import MqttBus
+from polca.telemetry.checks import DropLog
 from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import CduTelemetry, Telemetry, decode, encode
 from polca.telemetry.topics import NodeAddress, Topics

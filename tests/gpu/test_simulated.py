@@ -14,7 +14,6 @@ from polca.errors import (
     GpuLostError,
     GpuPermissionError,
 )
-from polca.gpu import simulated
 from polca.gpu.backend import (
     CLOCK_EVENT_GPU_IDLE,
     CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN,
@@ -25,7 +24,7 @@ from polca.gpu.backend import (
 )
 from polca.gpu.simulated import SimulatedBackend
 from polca.physics.presets import MODEL_NAMES, get_model
-from polca.workload.profiles import ConstantLoad, ScriptedLoad, load_profile
+from polca.workload.profiles import ConstantLoad, ScriptedLoad
 
 
 class FakeClock:
@@ -538,11 +537,3 @@ def test_scripted_profile_drives_the_backend() -> None:
     backend.set_load(0, ScriptedLoad(((0.0, 0.0), (10.0, 1.0))))
     clock.advance(5.0)
     assert backend.sample(0).gpu_util_pct == 50.0
-
-
-def test_profiles_stay_importable_from_the_simulated_backend_module() -> None:
-    """``polca.gpu.simulated`` re-exports the profiles that used to live there."""
-    assert simulated.ConstantLoad is ConstantLoad
-    assert simulated.ScriptedLoad is ScriptedLoad
-    assert simulated.load_profile is load_profile
-    assert set(simulated.__all__) >= {"InferenceLoad", "RampLoad", "SquareLoad", "LoadProfile"}

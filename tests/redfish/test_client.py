@@ -15,8 +15,9 @@ from pydantic import ValidationError
 
 from polca.errors import ConfigError, ReadingRejectedError, TransportAuthError, TransportError
 from polca.redfish.api import RedfishEndpoint
-from polca.redfish.client import MAX_DEPTH, HttpRedfishSession, checked_path, connect
+from polca.redfish.client import MAX_DEPTH, HttpRedfishSession, connect
 from polca.redfish.client import decode_document as decode
+from polca.redfish.documents import checked_path
 from tests.fuzzing import FUZZ
 from tests.services import free_port
 from tests.standins.fixtures import PASSWORD, USERNAME, TlsFiles

@@ -4,6 +4,7 @@ crash or a path the HTTP client would not send."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from polca.errors import ReadingRejectedError
-from polca.redfish.client import checked_path
 from polca.redfish.documents import (
     as_object,
     check_type,
+    checked_path,
     member_links,
     odata_link,
     resource_path,
@@ -171,3 +172,22 @@ def test_any_collection_is_bounded_or_refused(members: list[Any], limit: int, do
         except ReadingRejectedError as exc:
             reasons.append(exc.reason)
     assert set(reasons) <= {"malformed", "oversized", "identity"}
+
+
+def test_the_path_rule_is_written_once() -> None:
+    """The client's requests and the readers' links share ``checked_path``: no other module
+    compiles a ``/redfish/v1`` path pattern of its own."""
+    package = Path(__file__).resolve().parents[2] / "daemon" / "polca"
+    writers = sorted(
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if 're.compile(r"^/redfish/v1' in p.read_text(encoding="utf-8")
+    )
+    assert writers == ["redfish/documents.py"]
+
+
+def test_a_path_with_rfc3986_characters_is_followed_and_dots_never_are() -> None:
+    assert checked_path("/redfish/v1/Chassis/1U~A(1);x=y@z") == "/redfish/v1/Chassis/1U~A(1);x=y@z"
+    for bad in ("/redfish/v1/Chassis/a..b", "/redfish/v1/Chassis/.", "/redfish/v1/a b"):
+        with pytest.raises(ReadingRejectedError):
+            checked_path(bad)

@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CduPoller",
-    "DropLog",
     "RackPowerTracker",
     "publish_plant_once",
     "publish_poll_once",

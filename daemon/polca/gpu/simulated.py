@@ -57,27 +57,9 @@ from polca.gpu.clocks import snap_down_to_grid_mhz
 from polca.physics import power
 from polca.physics.presets import GpuModel, get_model
 from polca.seeds import MASK64, mix64
-from polca.workload.profiles import (
-    ConstantLoad,
-    InferenceLoad,
-    LoadProfile,
-    RampLoad,
-    ScriptedLoad,
-    SquareLoad,
-    load_profile,
-)
+from polca.workload.profiles import ConstantLoad, LoadProfile, load_profile
 
-# The load profiles moved to polca.workload.profiles; they stay importable from here.
-__all__ = [
-    "ConstantLoad",
-    "InferenceLoad",
-    "LoadProfile",
-    "RampLoad",
-    "ScriptedLoad",
-    "SimulatedBackend",
-    "SquareLoad",
-    "load_profile",
-]
+__all__ = ["SimulatedBackend"]
 
 STEP_S = 0.05  # longest integration sub-step; inference bursts last 250 ms or more
 MAX_STEPS = 2000  # a longer gap is integrated in coarser steps instead

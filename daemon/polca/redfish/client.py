@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import re
 import ssl
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from yarl import URL
 
 from polca.errors import ConfigError, ReadingRejectedError, TransportAuthError, TransportError
 from polca.redfish.api import RedfishEndpoint, RedfishSession
+from polca.redfish.documents import checked_path
 from polca.settings import read_secret
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "MAX_REDIRECTS",
     "SESSIONS_PATH",
     "HttpRedfishSession",
-    "checked_path",
     "connect",
     "decode_document",
 ]
@@ -60,30 +59,10 @@ SESSIONS_PATH: Final = "/redfish/v1/SessionService/Sessions"
 """Where a Redfish session is created (POST) on every service."""
 CONNECTIONS: Final = 4
 """Connections kept to one service at most."""
-_MAX_PATH_CHARS: Final = 512
 _MAX_ETAGS: Final = 256
 _MAX_TOKEN_CHARS: Final = 1024
 _CHUNK_BYTES: Final = 64 * 1024
-_PATH = re.compile(r"^/redfish/v1(?:/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)*/?$")
 _REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
-
-
-def checked_path(path: object) -> str:
-    """``path`` if it is a Redfish path of this service, else ``ReadingRejectedError`` (malformed).
-
-    A path starts with ``/redfish/v1``, has no scheme, host, query, fragment, empty or
-    dot segments, and no percent-encoded dot or slash: an ``@odata.id`` that points
-    anywhere else is refused before any request.
-    """
-    if not isinstance(path, str) or len(path) > _MAX_PATH_CHARS or not _PATH.match(path):
-        msg = f"not a Redfish path of this service: {str(path)[:80]!r}"
-        raise ReadingRejectedError(msg, reason="malformed")
-    segments = path.split("/")
-    lowered = path.lower()
-    if any(s in {".", ".."} for s in segments) or "%2e" in lowered or "%2f" in lowered:
-        msg = f"Redfish path with dot segments: {path[:80]!r}"
-        raise ReadingRejectedError(msg, reason="malformed")
-    return path
 
 
 def decode_document(body: bytes, *, what: str) -> dict[str, Any]:

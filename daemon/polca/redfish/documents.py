@@ -26,6 +26,7 @@ from polca.readings import checked_number
 __all__ = [
     "as_object",
     "check_type",
+    "checked_path",
     "excerpt_reading",
     "member_links",
     "odata_link",
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 _MAX_PATH_CHARS = 512
-_PATH = re.compile(r"^/redfish/v1(/[A-Za-z0-9_.:\-%]+)*/?$")
+_PATH = re.compile(r"^/redfish/v1(?:/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)*/?$")
 
 
 def as_object(doc: object, *, what: str) -> Mapping[str, Any]:
@@ -68,28 +69,36 @@ def check_type(doc: object, type_name: str, *, what: str) -> Mapping[str, Any]:
     return doc
 
 
-def resource_path(value: object, *, what: str) -> str:
-    """``value`` as a path of this service under ``/redfish/v1`` (no trailing slash), or
-    ``ReadingRejectedError`` (``malformed``).
+def checked_path(path: object, *, what: str = "path") -> str:
+    """``path`` unchanged if it is a path of this service under ``/redfish/v1``, else
+    ``ReadingRejectedError`` (``malformed``): the one path rule, for every request the
+    client sends (``redfish/client.py``) and every link a reader follows.
 
-    For every link a reader follows: an ``@odata.id``, a ``DataSourceUri``. Refused: a
-    non-string, a scheme or host, a query or fragment, an empty, ``.`` or ``..`` segment, a
-    percent-encoded dot or slash, characters outside ``A-Za-z0-9_.:-%``, over 512 chars.
+    Refused: a non-string, a scheme or host, a query or fragment, an empty segment, a
+    ``..`` anywhere or a ``.`` segment, a percent-encoded dot or slash, a character that is
+    not an RFC 3986 path character, over 512 characters.
     """
-    lowered = value.lower() if isinstance(value, str) else ""
+    lowered = path.lower() if isinstance(path, str) else ""
     if (
-        not isinstance(value, str)
-        or len(value) > _MAX_PATH_CHARS
-        or not _PATH.fullmatch(value)
-        or ".." in value
-        or "/./" in f"{value}/"
+        not isinstance(path, str)
+        or len(path) > _MAX_PATH_CHARS
+        or not _PATH.fullmatch(path)
+        or ".." in path
+        or "/./" in f"{path}/"
         or "%2e" in lowered
         or "%2f" in lowered
     ):
-        shown = value[:80] if isinstance(value, str) else type(value).__name__
+        shown = path[:80] if isinstance(path, str) else type(path).__name__
         msg = f"{what} is not a Redfish path under /redfish/v1: {shown!r}"
         raise ReadingRejectedError(msg, reason="malformed")
-    return value.rstrip("/") or value
+    return path
+
+
+def resource_path(value: object, *, what: str) -> str:
+    """A link's value (an ``@odata.id``, a ``DataSourceUri``) as a path of this service
+    (``checked_path``), without its trailing slash."""
+    path = checked_path(value, what=what)
+    return path.rstrip("/") or path
 
 
 def odata_link(doc: Mapping[str, Any], key: str, *, what: str) -> str | None:
