@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = [
     "YamlError",
     "YamlLimits",
     "YamlProblem",
+    "node_at",
     "parse",
     "read_bounded",
 ]
@@ -341,3 +343,29 @@ def _duplicate_keys(node: yaml.MappingNode) -> list[YamlProblem]:
                 )
             seen.add(key.value)
     return found
+
+
+def node_at(root: yaml.Node, loc: Sequence[str | int], *, key: bool = False) -> yaml.Node:
+    """The deepest node of ``root`` along ``loc`` (mapping keys, sequence indices), for
+    pointing a message at its line; ``key``: the key node of the last step, not its value.
+
+    A path that leaves the tree ends at the last node it reached (a missing key: the
+    mapping that lacks it).
+    """
+    node = root
+    for i, part in enumerate(loc):
+        want_key = key and i == len(loc) - 1
+        if isinstance(node, yaml.MappingNode):
+            for k, value in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == str(part):
+                    node = k if want_key else value
+                    break
+            else:
+                return node
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if not 0 <= part < len(node.value):
+                return node
+            node = node.value[part]
+        else:
+            return node
+    return node

@@ -194,25 +194,9 @@ def _at(source: str, node: yaml.Node) -> str:
 
 def _find(root: yaml.Node, loc: Sequence[str | int]) -> yaml.Node:
     """The deepest node along ``loc``; a trailing ``KEY`` selects the key node of a mapping."""
-    node = root
-    for i, part in enumerate(loc):
-        if part == KEY:
-            continue
-        want_key = i + 1 < len(loc) and loc[i + 1] == KEY
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-                    node = key if want_key else value
-                    break
-            else:
-                return node
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            if not 0 <= part < len(node.value):
-                return node
-            node = node.value[part]
-        else:
-            return node
-    return node
+    if loc and loc[-1] == KEY:
+        return yamlkit.node_at(root, [p for p in loc[:-1] if p != KEY], key=True)
+    return yamlkit.node_at(root, [p for p in loc if p != KEY])
 
 
 class PolicyStore:
