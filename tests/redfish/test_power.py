@@ -15,6 +15,7 @@ from polca.errors import ReadingRejectedError
 from polca.redfish.power import (
     PowerReading,
     circuit_power,
+    circuit_state,
     environment_power,
     legacy_power,
     power_supply_power,
@@ -186,3 +187,31 @@ def test_fuzzed_documents_never_raise_anything_else(data: st.DataObject) -> None
             continue
         assert 0.0 <= reading.power_w <= 2_000_000.0
         assert reading.energy_j is None or math.isfinite(reading.energy_j)
+
+
+@pytest.mark.parametrize(
+    ("fields", "state"),
+    [
+        ({"BreakerState": "Normal", "PowerState": "On"}, "up"),
+        ({"BreakerState": "Normal"}, "up"),
+        ({"PowerState": "On"}, "up"),
+        ({"BreakerState": "Tripped", "PowerState": "On"}, "down"),
+        ({"BreakerState": "Off"}, "down"),
+        ({"BreakerState": "Normal", "PowerState": "Off"}, "down"),
+        ({"PowerState": "PoweringOff"}, "down"),
+        ({}, "unknown"),
+        ({"BreakerState": "Normal", "PowerState": "PoweringOn"}, "unknown"),
+        ({"BreakerState": "Sparking"}, "unknown"),
+        ({"BreakerState": 1, "PowerState": None}, "unknown"),
+    ],
+)
+def test_a_circuits_breaker_and_power_state_say_whether_it_carries_power(
+    fields: dict[str, object], state: str
+) -> None:
+    doc = {"@odata.type": "#Circuit.v1_7_0.Circuit", "Id": "A", **fields}
+    assert circuit_state(doc) == state
+
+
+def test_a_circuit_state_of_another_type_is_refused() -> None:
+    with pytest.raises(ReadingRejectedError):
+        circuit_state({"@odata.type": "#Sensor.v1_0_0.Sensor"})

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from polca.errors import ReadingRejectedError
 from polca.readings import MAX_SOURCE_POWER_W, checked_number, checked_power_w
@@ -35,6 +35,7 @@ from polca.redfish.documents import check_type, excerpt_reading
 __all__ = [
     "PowerReading",
     "circuit_power",
+    "circuit_state",
     "environment_power",
     "legacy_power",
     "power_supply_power",
@@ -141,6 +142,27 @@ def circuit_power(
     )
     energy_j = _energy_j(circuit, fallbacks)
     return PowerReading(power_w, f"{what} {detail}", energy_j, tuple(fallbacks))
+
+
+CircuitState = Literal["up", "down", "unknown"]
+
+
+def circuit_state(doc: object, *, what: str = "circuit") -> CircuitState:
+    """Whether a ``Circuit`` (a PDU's main, a feeder, a busway's subfeed) carries power.
+
+    Down when its ``BreakerState`` is ``Tripped`` or ``Off``, or its ``PowerState`` is
+    ``Off`` (or ``PoweringOff``); up when the breaker is ``Normal`` and the power ``On``
+    (either may be absent, not both); anything else (both absent, a transition, a value
+    the schema does not have) is unknown: the power tree then goes by the meter.
+    """
+    circuit = check_type(doc, "Circuit", what=what)
+    breaker = circuit.get("BreakerState")
+    power = circuit.get("PowerState")
+    if breaker in ("Tripped", "Off") or power in ("Off", "PoweringOff"):
+        return "down"
+    breaker_ok = breaker == "Normal" or (breaker is None and power is not None)
+    power_ok = power == "On" or (power is None and breaker is not None)
+    return "up" if breaker_ok and power_ok else "unknown"
 
 
 def environment_power(doc: object, *, what: str = "EnvironmentMetrics") -> PowerReading:
