@@ -101,8 +101,7 @@ def _inputs(tree: SiteTree, steps: int, seed: int) -> list[tuple[SiteState, dict
     return out
 
 
-def _time_steps(rows: int, steps: int, *, floor: bool) -> list[float]:
-    tree = site(rows)
+def _time_steps(tree: SiteTree, steps: int, *, floor: bool) -> list[float]:
     inputs = _inputs(tree, steps, seed=7)
     times_ms: list[float] = []
     for state, demands in inputs:
@@ -128,7 +127,7 @@ def main() -> int:
     parser.add_argument("--floor-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_only:
-        print(json.dumps(_time_steps(args.rows, args.steps, floor=True)))
+        print(json.dumps(_time_steps(site(args.rows), args.steps, floor=True)))
         return 0
     done = subprocess.run(
         [
@@ -146,8 +145,8 @@ def main() -> int:
         timeout=600,
     )
     floor_ms = json.loads(done.stdout)
-    step_ms = _time_steps(args.rows, args.steps, floor=False)
     tree = site(args.rows)
+    step_ms = _time_steps(tree, args.steps, floor=False)
     result = {
         "rows": args.rows,
         "domains": len(tree.domains),

@@ -2,16 +2,21 @@
 
 A value from SNMP, Redfish or Modbus is untrusted: ``checked_power_w`` turns it into a
 power in watts or raises ``polca.errors.ReadingRejectedError`` with the drop reason, so each
-protocol's reader refuses the same things the same way.
+protocol's reader refuses the same things the same way. ``EquipmentState`` is what a
+device says of a feed it carries (a circuit's breaker, a UPS's output), in every protocol.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from polca.errors import ReadingRejectedError
 
-__all__ = ["MAX_SOURCE_POWER_W", "checked_number", "checked_power_w"]
+__all__ = ["MAX_SOURCE_POWER_W", "EquipmentState", "checked_number", "checked_power_w"]
+
+EquipmentState = Literal["up", "down", "unknown"]
+"""Whether a feed carries power, by its equipment's own word (unknown: it does not say)."""
 
 MAX_SOURCE_POWER_W = 2_000_000.0
 """The most one source may report (2 MW: a whole row's switchboard, not a rack PDU's

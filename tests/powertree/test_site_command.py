@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.powertree.test_sitefile import BAD, EXAMPLE
+from tests.test_probes_cli import polca
 
 
 def test_the_command_fails_with_lines_and_exit_1_never_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-m", "polca", "site", "check", str(bad)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = polca("site", "check", str(bad))
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert (
         done.stderr.splitlines()[0] == f"{bad}:3:9: rows.row2: row 'row2' is supplied by no domain"
     )
-    ok = subprocess.run(
-        [sys.executable, "-m", "polca", "site", "check", str(EXAMPLE)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    ok = polca("site", "check", str(EXAMPLE))
     assert ok.returncode == 0, ok.stderr
     assert "row row2: 400,000 W" in ok.stdout

@@ -215,3 +215,18 @@ def test_a_circuits_breaker_and_power_state_say_whether_it_carries_power(
 def test_a_circuit_state_of_another_type_is_refused() -> None:
     with pytest.raises(ReadingRejectedError):
         circuit_state({"@odata.type": "#Sensor.v1_0_0.Sensor"})
+
+
+@FUZZ
+@given(doc=JSON)
+def test_any_document_is_a_circuit_state_or_refused(doc: object) -> None:
+    """No JSON makes circuit_state raise anything but ReadingRejectedError."""
+    reason: str | None = None
+    state: str | None = None
+    try:
+        state = circuit_state(doc)
+    except ReadingRejectedError as exc:
+        reason = exc.reason
+    assert (state is None) != (reason is None)
+    assert reason in {None, "malformed", "identity"}
+    assert state in {None, "up", "down", "unknown"}

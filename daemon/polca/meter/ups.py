@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from typing import Final, Literal, TypeVar
 
 from polca.errors import ReadingRejectedError
-from polca.readings import checked_number
+from polca.readings import EquipmentState, checked_number
 
 __all__ = ["UPS_OIDS", "UpsState", "decode_ups"]
 
 OutputSource = Literal["other", "none", "normal", "bypass", "battery", "booster", "reducer"]
 BatteryStatus = Literal["unknown", "normal", "low", "depleted"]
-Equipment = Literal["up", "down", "unknown"]
 _E = TypeVar("_E")
 
 UPS_OIDS: Final = {
@@ -70,7 +69,7 @@ class UpsState:
         return self.output_source == "battery"
 
     @property
-    def equipment(self) -> Equipment:
+    def equipment(self) -> EquipmentState:
         """The state of the feed it gives what it supplies: down when its output is off,
         up on mains, bypass, battery or a voltage correction, unknown when it says other."""
         if self.output_source == "none":

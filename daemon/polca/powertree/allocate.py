@@ -76,9 +76,7 @@ def allocate(tree: SiteTree, state: SiteState, demands: Mapping[str, RowDemand])
         own = tree.rating_w(name)
         return min(own, nominal_cap[name]) if name in tree.domains else own
 
-    nominal: dict[str, float] = {}
-    for root in tree.roots:
-        nominal[root] = cap_w(root)
+    nominal = {root: cap_w(root) for root in tree.roots}
     order = _top_down(tree)
     for name in order:
         children = tree.domains[name].supplies
@@ -102,7 +100,7 @@ def allocate(tree: SiteTree, state: SiteState, demands: Mapping[str, RowDemand])
         for child, kept_w in zip(children, kept, strict=True):
             if child in tree.domains:
                 budget[child] = min(kept_w, live_cap[child])
-                own_cut = budget[child] < nominal[child] - _EPS_W and kept_w >= nominal[child]
+                own_cut = budget[child] < nominal[child] - _EPS_W
                 cut_at[child] = cut_at[name] or (child if own_cut else None)
             else:
                 budget[child] = kept_w

@@ -18,20 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from polca.powertree.model import Domain, Feed, SiteTree
+from polca.readings import EquipmentState
 
 __all__ = ["FeedState", "SiteState", "capacities_w", "domain_capacity_w", "feed_up"]
-
-Equipment = Literal["up", "down", "unknown"]
 
 
 @dataclass(frozen=True, slots=True)
 class FeedState:
     """What is known of one feed: what its equipment says, and how long it has been dark."""
 
-    equipment: Equipment = "unknown"
+    equipment: EquipmentState = "unknown"
     dark_polls: int = 0
     """Consecutive polls in which none of the feed's meter sources answered."""
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, TypeGuard, get_args
 
 from polca.settings import TOPIC_SEGMENT
 
@@ -289,9 +289,7 @@ def _ratings(
                 )
 
 
-def _named(
-    raw: object, loc: Loc, problems: list[Problem]
-) -> list[tuple[str, Mapping[str, object]]]:
+def _named(raw: object, loc: Loc, problems: list[Problem]) -> list[tuple[str, object]]:
     if raw is None:
         return []
     if not isinstance(raw, Mapping):
@@ -300,7 +298,7 @@ def _named(
     if len(raw) > MAX_NAMES:
         problems.append(Problem(loc, f"more than {MAX_NAMES} entries"))
         return []
-    out: list[tuple[str, Mapping[str, object]]] = []
+    out: list[tuple[str, object]] = []
     for name, value in raw.items():
         if not isinstance(name, str) or not _NAME.match(name):
             problems.append(Problem((*loc, str(name)), "a name is 1-128 of A-Za-z0-9_.-"))
@@ -309,7 +307,9 @@ def _named(
     return out
 
 
-def _keys(value: object, allowed: frozenset[str], loc: Loc, problems: list[Problem]) -> bool:
+def _keys(
+    value: object, allowed: frozenset[str], loc: Loc, problems: list[Problem]
+) -> TypeGuard[Mapping[str, object]]:
     if not isinstance(value, Mapping):
         problems.append(Problem(loc, "expected a mapping (key: value)"))
         return False

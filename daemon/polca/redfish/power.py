@@ -26,10 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from polca.errors import ReadingRejectedError
-from polca.readings import MAX_SOURCE_POWER_W, checked_number, checked_power_w
+from polca.readings import MAX_SOURCE_POWER_W, EquipmentState, checked_number, checked_power_w
 from polca.redfish.documents import check_type, excerpt_reading
 
 __all__ = [
@@ -144,10 +144,7 @@ def circuit_power(
     return PowerReading(power_w, f"{what} {detail}", energy_j, tuple(fallbacks))
 
 
-CircuitState = Literal["up", "down", "unknown"]
-
-
-def circuit_state(doc: object, *, what: str = "circuit") -> CircuitState:
+def circuit_state(doc: object, *, what: str = "circuit") -> EquipmentState:
     """Whether a ``Circuit`` (a PDU's main, a feeder, a busway's subfeed) carries power.
 
     Down when its ``BreakerState`` is ``Tripped`` or ``Off``, or its ``PowerState`` is
