@@ -10,6 +10,11 @@ its index cache belongs to ``nobody``.
 
 Ready means a real SNMP GET of sysObjectID and sysDescr answered, made from this process
 with pysnmp (through ``polca.meter.snmp.SnmpSource``).
+
+A test changes what a device answers with ``SnmpSimProcess.set_records`` (a UPS going on
+battery, a value turning hostile): it rewrites that device's data file in the agent's copy,
+which snmpsim re-reads at its next request. No SNMP SET: the UPS-MIB's state is read-only,
+as on a real UPS, and only polca's own modules may import pysnmp.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -84,6 +90,33 @@ class SnmpSimProcess(ServiceProcess):
         self.cache_dir.mkdir()
         if os.geteuid() == 0:
             os.chown(self.cache_dir, *_NOBODY)
+        self._mtime_s = 0
+
+    def set_records(self, data: str, records: Mapping[str, tuple[int, int | str] | None]) -> None:
+        """Change what data file ``data`` (a community, a v3 context) answers from now on.
+
+        Each OID maps to (tag, value) in snmprec's terms (2: Integer32, 4: OctetString, 65:
+        Counter32, ...) or None to remove it (noSuchObject). snmpsim notices a data file
+        whose modification time (in whole seconds) changed and indexes it again, so each
+        change sets a later one than the last.
+        """
+        path = self.data_dir / f"{data}.snmprec"
+        lines: dict[str, str] = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            oid, rest = line.split("|", 1)
+            lines[oid] = rest
+        for oid, record in records.items():
+            if record is None:
+                lines.pop(oid, None)
+            else:
+                lines[oid] = f"{record[0]}|{record[1]}"
+        ordered = sorted(lines, key=lambda oid: tuple(int(arc) for arc in oid.split(".")))
+        staged = self.root / f"{data}.staged"  # outside the data directory snmpsim reads
+        staged.write_text("".join(f"{oid}|{lines[oid]}\n" for oid in ordered), encoding="utf-8")
+        staged.chmod(0o644)
+        self._mtime_s = max(int(time.time()) + 1, self._mtime_s + 1)
+        os.utime(staged, (self._mtime_s, self._mtime_s))
+        staged.replace(path)
 
     def _argv(self) -> list[str]:
         argv = [

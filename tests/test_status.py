@@ -73,6 +73,33 @@ def test_a_row_says_why_it_does_not_run_on_its_meter() -> None:
     assert f"  power: {note}\n" in out.getvalue()
 
 
+def test_a_row_says_where_its_budget_comes_from_and_which_feeds_are_down() -> None:
+    """A row on a feed's capacity, with a lease above it: the origin, the leased budget."""
+    summary = RowSummary(
+        ts_ns=1,
+        row="row1",
+        issuer="agg1",
+        power_w=5_800.0,
+        power_source="meter",
+        budget_w=10_000.0,
+        effective_budget_w=6_000.0,
+        electrical_budget_w=6_000.0,
+        budget_origin="feeds",
+        budget_limited_by="feed B",
+        leased_budget_w=8_000.0,
+        feeds={"A": True, "B": False},
+        level=2,
+        racks=(),
+    )
+    snapshot = Snapshot()
+    snapshot.add(Topics(), InMessage("polca/v1/dc1/row1/summary", encode(summary), True, 0))
+    out = io.StringIO()
+    render(snapshot, now_ns=2, out=out)
+    text = out.getvalue()
+    assert "  budget: 6.0 kW from feeds (feed B); configured 10.0 kW, leased 8.0 kW\n" in text
+    assert "  feeds down: B\n" in text
+
+
 def _status(
     *args: str, secret: str | None = None
 ) -> tuple[subprocess.CompletedProcess[str], float]:

@@ -122,6 +122,7 @@ def render() -> str:
         AggregatorSettings,
         NodeSpec,
         RackSpec,
+        RowFeedSpec,
         RowSpec,
     )
     from polca.bmc.config import BmcNode  # noqa: PLC0415
@@ -142,6 +143,7 @@ def render() -> str:
     lines.extend(_settings_tables(AggregatorSettings))
     for name, model in (
         ("rows[]", RowSpec),
+        ("rows[].feeds[]", RowFeedSpec),
         ("rows[].racks[]", RackSpec),
         ("rows[].racks[].nodes[]", NodeSpec),
         ("bmc.nodes.<node>", BmcNode),
@@ -191,6 +193,21 @@ def _facility_tables() -> list[str]:
     )
     for name, model in groups:
         lines.extend(_group_table(name, model, env=False))
+    lines.extend(_site_tables())
+    return lines
+
+
+def _site_tables() -> list[str]:
+    """``polca site run``: the site controller."""
+    from polca.sitectl.config import SiteSettings  # noqa: PLC0415
+
+    lines = ["\n## The site controller (`polca site run`)"]
+    lines.append(
+        "\nShares each power domain's live capacity among the rows it feeds and publishes "
+        "each row's leased budget; the tree is the site file `tree_file` names (see "
+        "[power-tree.md](power-tree.md) and `deploy/site/`)."
+    )
+    lines.extend(_settings_tables(SiteSettings))
     return lines
 
 

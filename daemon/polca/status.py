@@ -164,6 +164,17 @@ def _render_row(snapshot: Snapshot, site: str, row: str, *, now_ns: int, out: Te
         f"{pct:6.1f}%  {level:<10}{lease:>8}  {summary.power_source:<9}"
         f"{', '.join(gaps) or '-'}\n"
     )
+    if summary.budget_origin != "config" or summary.leased_budget_w is not None:
+        limit = f" ({summary.budget_limited_by})" if summary.budget_limited_by else ""
+        leased = _kw(summary.leased_budget_w)
+        out.write(
+            f"  budget: {_kw(summary.electrical_budget_w or summary.budget_w).strip()} from "
+            f"{summary.budget_origin}{limit}; configured {_kw(summary.budget_w).strip()}, "
+            f"leased {leased.strip()}\n"
+        )
+    down = sorted(name for name, up in summary.feeds.items() if not up)
+    if down:
+        out.write(f"  feeds down: {', '.join(down)}\n")
     if summary.power_note:  # why the row does not run on its meter alone
         out.write(f"  power: {' '.join(summary.power_note.split())[:200]}\n")
     for rack in summary.racks:

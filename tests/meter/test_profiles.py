@@ -262,6 +262,9 @@ def test_requests_name_every_oid_once() -> None:
         ("1.3.6.1.4.1.99999.1", None),
         ("1.3.6.1.4.1", None),
         ("1.3.6.1.2.1.318", None),
+        ("1.3.6.1.2.1.33", "ups"),  # upsMIB itself: an RFC 1628 agent of no vendor MIB
+        (".1.3.6.1.2.1.33.1", "ups"),
+        ("1.3.6.1.2.1.3", None),
         ("not.an.oid", None),
         (318, None),
     ],
@@ -269,6 +272,25 @@ def test_requests_name_every_oid_once() -> None:
 def test_vendor_from_sys_object_id(sys_object_id: object, vendor: str | None) -> None:
     """The enterprise number after 1.3.6.1.4.1 names the vendor."""
     assert vendor_of(sys_object_id) == vendor
+
+
+UPS_OUT = "1.3.6.1.2.1.33.1.4.4.1"
+
+
+def test_the_ups_profile_sums_its_output_lines() -> None:
+    """UPS-MIB: upsOutputPower summed over the lines, else current (tenths of A) x voltage
+    per line; the UPS's output, whatever its vendor."""
+    lines = {f"{UPS_OUT}.4.{i}": w for i, w in enumerate((4000, 4100, 3900), 1)}
+    assert read("ups", lines) == (12_000.0, "output power (3 lines)")
+    cxv = {
+        f"{UPS_OUT}.3.1": 100,
+        f"{UPS_OUT}.2.1": 230,
+        f"{UPS_OUT}.3.2": 50,
+        f"{UPS_OUT}.2.2": 230,
+    }
+    watts, detail = read("ups", cxv)
+    assert watts == pytest.approx(15.0 * 230 * 0.95)
+    assert detail == "output current x output voltage x power factor 0.95 (2 lines)"
 
 
 def test_unknown_vendor_needs_a_configured_profile() -> None:

@@ -10,12 +10,20 @@ import pytest
 
 from polca.errors import ConfigError, ReadingRejectedError, TransportError
 from polca.meter.redfish import RedfishMeterConfig, RedfishMeterSource, probe
+from polca.meter.row import SourceLog
+from polca.meter.service import MeterRow, meter_once
 from polca.meter.source import MeterSource
 from polca.redfish.api import RedfishEndpoint
+from polca.telemetry.messages import OutMessage
+from polca.telemetry.schema import Meter, decode
 from tests.standins.fixtures import PASSWORD, USERNAME
 from tests.standins.process import RedfishStandIn
 
+# The module's stand-in is its own fixture, not one tests/conftest.py knows by name.
+pytestmark = pytest.mark.integration
+
 BASE = "/redfish/v1/PowerEquipment/RackPDUs"
+TOPIC = "polca/v1/dc1/row1/meter"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,19 @@ def pdus(_pdus: RedfishStandIn) -> RedfishStandIn:
     return _pdus
 
 
-def source_for(standin: RedfishStandIn, tmp_path: Path, **options: Any) -> RedfishMeterSource:
+class Collect:
+    """A publisher that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.messages: list[OutMessage] = []
+
+    def publish_nowait(self, msg: OutMessage) -> None:
+        self.messages.append(msg)
+
+
+def source_for(
+    standin: RedfishStandIn, tmp_path: Path, *, name: str = "row1-pdu", **options: Any
+) -> RedfishMeterSource:
     """A source reading ``standin`` with the test account."""
     password_file = tmp_path / "pw"
     password_file.write_text(PASSWORD + "\n", encoding="utf-8")
@@ -50,7 +70,7 @@ def source_for(standin: RedfishStandIn, tmp_path: Path, **options: Any) -> Redfi
         timeout_s=2.0,
     )
     config = RedfishMeterConfig.model_validate(
-        {"protocol": "redfish", "name": "row1-pdu", "endpoint": endpoint, **options}
+        {"protocol": "redfish", "name": name, "endpoint": endpoint, **options}
     )
     return RedfishMeterSource(config)
 
@@ -193,6 +213,7 @@ async def test_a_chassis_power_is_read_from_its_sensor_or_its_legacy_power(
         assert reading.power_w == pytest.approx(900.0)
         assert "chassis node1" in reading.detail
         assert kind in reading.detail
+        assert (reading.equipment, reading.input_voltage_v) == ("unknown", None)
     finally:
         await source.close()
     missing = source_for(standin, tmp_path, resource="chassis", chassis="node9")
@@ -207,3 +228,77 @@ async def test_a_chassis_power_is_read_from_its_sensor_or_its_legacy_power(
             await without_id.read()
     finally:
         await without_id.close()
+
+
+async def test_a_tripped_main_is_down_in_the_rows_meter(
+    pdus: RedfishStandIn, tmp_path: Path
+) -> None:
+    """A PDU's main reads up (BreakerState Normal, PowerState On) with its voltage; tripped,
+    it carries 0 W and its source reads down, and the row's Meter message says so."""
+    source = source_for(pdus, tmp_path, name="pdu-b", pdu="pdu2")
+    row = MeterRow("row1", TOPIC, (source,))
+    out = Collect()
+    try:
+        up = await source.read()
+        assert (up.equipment, up.input_voltage_v, up.power_w) == ("up", 230.0, 2500.0)
+        pdus.set_state("pdu2", breakers={"AC1": "Tripped"})
+        pdus.clear_log()
+        [(_, meter)] = await meter_once(out, [row], sources_log=SourceLog(), read_timeout_s=2.0)
+        assert not meter.partial
+        assert meter.power_w == 0.0
+        assert meter.states["pdu-b"].equipment == "down"
+        assert decode(out.messages[-1].payload, Meter).states["pdu-b"].equipment == "down"
+        paths = {r["path"] for r in pdus.requests() if r["method"] == "GET"}
+        assert paths == {f"{BASE}/pdu2/Mains/AC1"}  # the state came with the power
+    finally:
+        await source.close()
+
+
+async def test_each_main_speaks_for_its_own_feed(pdus: RedfishStandIn, tmp_path: Path) -> None:
+    """A source of both mains cannot speak for one feed when they differ (unknown); a
+    source of one main can: tripped or powered off is down, and the other stays up."""
+    both = source_for(pdus, tmp_path, pdu="pdu1")
+    a_feed = source_for(pdus, tmp_path, pdu="pdu1", circuits=["AC1"])
+    b_feed = source_for(pdus, tmp_path, pdu="pdu1", circuits=["AC2"])
+    branches = source_for(pdus, tmp_path, resource="circuits", pdu="pdu1", circuits=["AC2A"])
+    sources = (both, a_feed, b_feed, branches)
+    try:
+        assert [(await s.read()).equipment for s in sources] == ["up"] * 4
+        pdus.set_state("pdu1", breakers={"AC2": "Tripped"})
+        readings = [await s.read() for s in sources]
+        assert [r.equipment for r in readings] == ["unknown", "up", "down", "down"]
+        assert [r.power_w for r in readings] == [2500.0, 2500.0, 0.0, 0.0]
+        pdus.set_state("pdu1", breakers={"AC2": "Normal"}, power_states={"AC1": "Off"})
+        assert [(await s.read()).equipment for s in sources] == ["unknown", "down", "up", "up"]
+        with pytest.raises(AssertionError, match="expected one of"):
+            pdus.set_state("pdu1", breakers={"AC1": "Open"})  # not in DSP0268's enum
+    finally:
+        for s in sources:
+            await s.close()
+
+
+async def test_a_dark_pdu_is_missing_from_its_row(pdus: RedfishStandIn, tmp_path: Path) -> None:
+    """A PDU gone dark (its feed lost) answers nothing: its row's reading is partial with it
+    missing (timeout) and no state for it, until it answers again."""
+    a = source_for(pdus, tmp_path, name="pdu-a", pdu="pdu1")
+    b = source_for(pdus, tmp_path, name="pdu-b", pdu="pdu2")
+    row = MeterRow("row1", TOPIC, (a, b))
+    out, book = Collect(), SourceLog()
+    try:
+        [(_, whole)] = await meter_once(out, [row], sources_log=book, read_timeout_s=1.0)
+        assert set(whole.states) == {"pdu-a", "pdu-b"}
+        pdus.set_state("pdu2", dark=True)
+        [(_, dark)] = await meter_once(out, [row], sources_log=book, read_timeout_s=0.5)
+        assert (dark.partial, dark.missing, set(dark.states)) == (
+            True,
+            {"pdu-b": "timeout"},
+            {"pdu-a"},
+        )
+        assert dark.power_w == 5000.0
+        pdus.set_state("pdu2", dark=False)
+        [(_, back)] = await meter_once(out, [row], sources_log=book, read_timeout_s=1.0)
+        assert not back.partial
+        assert back.states["pdu-b"].equipment == "up"
+    finally:
+        await a.close()
+        await b.close()

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from polca.errors import ConfigError, ReadingRejectedError, TransportAuthError, TransportError
 from polca.meter.snmp import SnmpSource, SnmpSourceConfig, probe
+from polca.meter.ups import UPS_OIDS
 from tests.snmpsim import (
     V3_AUTH_KEY,
     V3_PRIV_KEY,
@@ -341,3 +342,79 @@ async def test_sources_share_one_engine_per_loop_and_credentials(snmpsim: SnmpSi
     finally:
         await a.close()
         await b.close()
+
+
+UPS_SOURCE = "1.3.6.1.2.1.33.1.4.1.0"  # upsOutputSource
+UPS_MINUTES = "1.3.6.1.2.1.33.1.2.3.0"  # upsEstimatedMinutesRemaining
+UPS_BATTERY = "1.3.6.1.2.1.33.1.2.1.0"  # upsBatteryStatus
+UPS_INPUT_V = "1.3.6.1.2.1.33.1.3.3.1.3.1"  # upsInputVoltage, line 1
+UPS_LOAD = "1.3.6.1.2.1.33.1.4.4.1.5.1"  # upsOutputPercentLoad, line 1
+UPS_POWER = "1.3.6.1.2.1.33.1.4.4.1.4"  # upsOutputPower, per line
+
+
+async def test_a_ups_says_what_it_does_with_its_feed(snmpsim_own: SnmpSimProcess) -> None:
+    """A UPS-MIB agent (auto: sysObjectID upsMIB) gives its output power and its state in
+    each read: on mains, on battery with its minutes left, then its output off (down)."""
+    source = Counting(config(snmpsim_own, name="ups-a", ups=True), community="ups")
+    try:
+        mains = await source.read()
+        assert source.profile is not None
+        assert source.profile.name == "ups"
+        assert (mains.power_w, mains.detail) == (12_000.0, "output power (3 lines)")
+        assert (mains.equipment, mains.on_battery) == ("up", False)
+        assert (mains.battery_minutes, mains.load_pct, mains.input_voltage_v) == (42, 40, 231)
+        source.gets.clear()
+        source.walks.clear()
+        snmpsim_own.set_records(
+            "ups",
+            {UPS_SOURCE: (2, 5), UPS_MINUTES: (2, 7), UPS_BATTERY: (2, 3), UPS_INPUT_V: (2, 0)},
+        )
+        battery = await source.read()
+        assert (battery.equipment, battery.on_battery, battery.battery_minutes) == ("up", True, 7)
+        assert battery.input_voltage_v == 0.0
+        assert battery.power_w == 12_000.0
+        # the state rides in the read's one GET; the power is the learnt column's walk
+        assert source.gets == [tuple(UPS_OIDS.values())]
+        assert source.walks == [UPS_POWER]
+        snmpsim_own.set_records(
+            "ups", {UPS_SOURCE: (2, 2), **{f"{UPS_POWER}.{line}": (2, 0) for line in (1, 2, 3)}}
+        )
+        off = await source.read()
+        assert (off.equipment, off.on_battery, off.power_w) == ("down", False, 0.0)
+    finally:
+        await source.close()
+
+
+async def test_ups_on_a_device_without_the_ups_mib_is_unsupported(
+    snmpsim: SnmpSimProcess,
+) -> None:
+    """``ups: true`` on a PDU (no UPS-MIB): rejected as unsupported, saying why, not a
+    reading without its feed state."""
+    with pytest.raises(ReadingRejectedError, match="no UPS-MIB upsOutputSource") as caught:
+        await read_once(config(snmpsim, ups=True), community="apc")
+    assert caught.value.reason == "unsupported"
+    assert (await read_once(config(snmpsim), community="apc")).equipment == "unknown"
+
+
+@pytest.mark.parametrize(
+    ("records", "reason"),
+    [
+        ({UPS_SOURCE: (2, 9)}, "absurd"),  # upsOutputSource is 1-7
+        ({UPS_SOURCE: (4, "battery")}, "type"),
+        ({UPS_MINUTES: (4, "7 min")}, "type"),
+        ({UPS_LOAD: (2, 250)}, "absurd"),  # upsOutputPercentLoad is 0-200
+        ({UPS_INPUT_V: (2, 100_000)}, "absurd"),
+        ({UPS_SOURCE: None}, "unsupported"),
+    ],
+)
+async def test_hostile_ups_state_is_rejected(
+    snmpsim_own: SnmpSimProcess, records: dict[str, tuple[int, int | str] | None], reason: str
+) -> None:
+    """A UPS state outside the MIB (an enum out of range, a string, a load or a voltage
+    beyond bounds, no output source) rejects the read, never a state taken from it."""
+    cfg = config(snmpsim_own, name="ups-a", ups=True)
+    assert (await read_once(cfg, community="ups")).equipment == "up"
+    snmpsim_own.set_records("ups", records)
+    with pytest.raises(ReadingRejectedError) as caught:
+        await read_once(cfg, community="ups")
+    assert caught.value.reason == reason

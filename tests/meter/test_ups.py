@@ -42,6 +42,7 @@ def test_a_ups_on_battery_says_how_long_it_lasts() -> None:
     assert decode_ups(
         {"output_source": 5, "battery_status": 3, "minutes_remaining": 7, "output_percent_load": 64}
     ) == UpsState("battery", "low", 7.0, 64.0)
+    assert decode_ups({"output_source": 5, "input_voltage": 0}).input_voltage_v == 0.0
 
 
 @pytest.mark.parametrize(
@@ -57,6 +58,8 @@ def test_a_ups_on_battery_says_how_long_it_lasts() -> None:
         ({"output_source": 3, "minutes_remaining": 2**31}, "absurd"),
         ({"output_source": 3, "output_percent_load": 201}, "absurd"),
         ({"output_source": 3, "output_percent_load": 50.5}, "type"),
+        ({"output_source": 3, "input_voltage": 1501}, "absurd"),
+        ({"output_source": 3, "input_voltage": "230"}, "type"),
     ],
 )
 def test_a_value_outside_the_mib_is_refused(values: dict[str, Any], reason: str) -> None:

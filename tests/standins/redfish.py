@@ -18,11 +18,14 @@ resources can be written, ``patch(docs, name, path, body) -> message | None`` (a
 is answered as HTTP 400 with a Redfish error body).
 
 Control endpoints for tests (not Redfish, never faulted): ``POST /_standin/state``
-``{"device": NAME, ...}``; ``POST /_standin/fault`` ``{"mode": MODE, ...options}`` (modes
-in ``FAULT_MODES``; ``path_prefix`` limits a fault to some paths); ``GET /_standin/log``
-(the requests served: method, path, status, If-Match, auth) and ``DELETE`` it;
-``DELETE /_standin/sessions`` (every session expires); ``POST /_standin/reset`` (devices
-rebuilt, fault cleared, log emptied).
+``{"device": NAME, ...}`` (the device's ``set_state``; ``"dark": true`` makes any device
+go dark until ``false`` or a reset: a request for one of its documents is never answered,
+as a device powered by a lost feed answers nothing, and the client times out);
+``POST /_standin/fault`` ``{"mode": MODE, ...options}`` (modes in ``FAULT_MODES``;
+``path_prefix`` limits a fault to some paths); ``GET /_standin/log`` (the requests served:
+method, path, status, If-Match, auth) and ``DELETE`` it; ``DELETE /_standin/sessions``
+(every session expires); ``POST /_standin/reset`` (devices rebuilt, not dark, fault
+cleared, log emptied).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ _COLLECTIONS = {  # path -> (Name, the collection's schema)
 }
 _SERVICE_DOCS = {ROOT, f"{ROOT}/PowerEquipment", f"{ROOT}/ThermalEquipment"}
 _KINDS = {"bmc", "pdu", "cdu"}
+_DARK_S = 3600.0  # how long a dark device's request waits: longer than any client's timeout
 
 
 @dataclass
@@ -81,6 +85,8 @@ class Device:
     option: str | None
     module: ModuleType
     docs: dict[str, dict[str, Any]]
+    dark: bool = False
+    """It answers nothing (its feed is lost)."""
 
 
 def parse_device(spec: str) -> tuple[str, str, str | None]:
@@ -305,17 +311,30 @@ async def control(state: StandIn, request: web.Request) -> web.Response:
         device = state.devices.get(body.pop("device", None))
         if device is None:
             return web.json_response({"error": "unknown device"}, status=404)
+        dark = body.pop("dark", device.dark)
+        if not isinstance(dark, bool):
+            return web.json_response({"error": "dark: expected true or false"}, status=400)
         try:
-            device.module.set_state(device.docs, device.name, body)
+            if body:
+                device.module.set_state(device.docs, device.name, body)
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        device.dark = dark
         return web.json_response({})
     return web.json_response({"error": "unknown control"}, status=404)
 
 
 async def serve(state: StandIn, request: web.Request) -> web.StreamResponse:
-    """A Redfish request: faults first, then authentication, then the resource."""
+    """A Redfish request: a dark device, faults, then authentication, then the resource."""
     path = request.path.rstrip("/") or "/"
+    owner = state.owner.get(path)
+    if owner is not None and owner.dark:
+        # Nothing answers: the client's timeout ends the request (the connection is
+        # dropped should one wait longer).
+        await asyncio.sleep(_DARK_S)
+        if request.transport is not None:
+            request.transport.close()
+        return web.Response(status=503)
     fault = state.fault
     mode = fault["mode"] if request.path.startswith(fault.get("path_prefix", "/")) else "none"
     if mode == "slow":

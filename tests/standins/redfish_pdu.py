@@ -14,6 +14,17 @@ service root, ``PowerEquipment`` and the ``RackPDUs`` collection itself.
 evenly; ``"report"`` picks what the circuits carry (``power``: everything, the default;
 ``polyphase``: no ``PowerWatts``; ``current``: only current and voltage);
 ``"energy_kwh"`` sets each main's counter; ``"voltage"`` the line-to-neutral voltage.
+
+Feed state, as DSP0268's ``Circuit`` has it: each main keeps a ``BreakerState``
+(``Normal``, ``Tripped``, ``Off``) and a ``PowerState`` (``On``, ``Off``, ``PoweringOn``,
+``PoweringOff``, ``Paused``): ``{"breakers": {"AC2": "Tripped"}}``,
+``{"power_states": {"AC1": "Off"}}``. A main carries its power only while its breaker is
+``Normal`` and its power ``On``; otherwise it and its branches read 0 W and 0 A, and a
+main whose breaker is not ``Normal`` reads ``PowerState`` ``Off`` (its branches too, their
+own breakers ``Normal``). The inlet's voltage stays (the breaker is on the PDU's side of
+it); ``"voltage": 0`` is a feed lost upstream. Going dark
+(``{"dark": true}``: the PDU answers nothing, as one powered by a lost feed) is the
+server's, for every kind of device (``tests/standins/redfish.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +38,10 @@ __all__ = ["resources", "set_state"]
 _ROOT = "/redfish/v1/PowerEquipment/RackPDUs"
 _LINES = ("Line1", "Line2", "Line3")
 _REPORTS = frozenset({"power", "polyphase", "current"})
+BREAKER_STATES = frozenset({"Normal", "Tripped", "Off"})
+"""DSP0268 ``Circuit.BreakerState``."""
+POWER_STATES = frozenset({"On", "Off", "PoweringOn", "PoweringOff", "Paused"})
+"""DSP0268 ``Resource.PowerState``."""
 
 
 @dataclass
@@ -35,6 +50,22 @@ class _Pdu:
     energy_kwh: dict[str, float] = field(default_factory=dict)
     report: str = "power"
     voltage: float = 230.0
+    breakers: dict[str, str] = field(default_factory=dict)
+    """Each main's BreakerState (absent: Normal)."""
+    power_states: dict[str, str] = field(default_factory=dict)
+    """Each main's PowerState as set (absent: On); a breaker not Normal reads Off."""
+
+    def breaker(self, main: str) -> str:
+        """A main's BreakerState."""
+        return self.breakers.get(main, "Normal")
+
+    def power_state(self, main: str) -> str:
+        """A main's PowerState as it reads: Off while its breaker is not Normal."""
+        return "Off" if self.breaker(main) != "Normal" else self.power_states.get(main, "On")
+
+    def carried_w(self, main: str) -> float:
+        """What a main carries now: its power while it is Normal and On, else nothing."""
+        return self.mains_w[main] if self.power_state(main) == "On" else 0.0
 
 
 _PDUS: dict[str, _Pdu] = {}
@@ -51,11 +82,19 @@ def _collection(path: str, kind: str, members: list[str]) -> dict[str, Any]:
 
 
 def _circuit(
-    pdu: _Pdu, path: str, cid: str, *, kind: str, power_w: float, energy: float
+    pdu: _Pdu,
+    path: str,
+    cid: str,
+    *,
+    kind: str,
+    power_w: float,
+    energy: float,
+    breaker: str = "Normal",
+    power_state: str = "On",
 ) -> dict[str, Any]:
     sensors = path.rsplit("/", 2)[0] + "/Sensors"
     line_w = power_w / 3
-    amps = line_w / pdu.voltage
+    amps = line_w / pdu.voltage if pdu.voltage else 0.0
     doc: dict[str, Any] = {
         "@odata.id": path,
         "@odata.type": "#Circuit.v1_8_0.Circuit",
@@ -65,8 +104,9 @@ def _circuit(
         "PhaseWiringType": "ThreePhase5Wire",
         "NominalVoltage": "AC400V",
         "RatedCurrentAmps": 32,
-        "BreakerState": "Normal",
-        "Status": {"State": "Enabled", "Health": "OK"},
+        "BreakerState": breaker,
+        "PowerState": power_state,
+        "Status": {"State": "Enabled", "Health": "Critical" if breaker == "Tripped" else "OK"},
         "Voltage": {"DataSourceUri": f"{sensors}/{cid}Voltage", "Reading": pdu.voltage},
         "CurrentAmps": {"DataSourceUri": f"{sensors}/{cid}Current", "Reading": round(amps, 3)},
         "PolyPhaseVoltage": {
@@ -95,7 +135,7 @@ def _circuit(
     if pdu.report == "current":
         del doc["PolyPhasePowerWatts"]
         # one phase carries it all, so current x voltage is the whole power
-        doc["CurrentAmps"]["Reading"] = power_w / pdu.voltage
+        doc["CurrentAmps"]["Reading"] = power_w / pdu.voltage if pdu.voltage else 0.0
     return doc
 
 
@@ -103,7 +143,7 @@ def _build(name: str, pdu: _Pdu) -> dict[str, dict[str, Any]]:
     base = f"{_ROOT}/{name}"
     mains = list(pdu.mains_w)
     branches = {f"{m}{b}": m for m in mains for b in ("A", "B")}
-    total_w = sum(pdu.mains_w.values())
+    total_w = sum(pdu.carried_w(m) for m in mains)
     docs: dict[str, dict[str, Any]] = {
         base: {
             "@odata.id": base,
@@ -134,16 +174,29 @@ def _build(name: str, pdu: _Pdu) -> dict[str, dict[str, Any]]:
             },
         },
     }
-    for main, power_w in pdu.mains_w.items():
+    for main in mains:
         path = f"{base}/Mains/{main}"
         docs[path] = _circuit(
-            pdu, path, main, kind="Mains", power_w=power_w, energy=pdu.energy_kwh.get(main, 0.0)
+            pdu,
+            path,
+            main,
+            kind="Mains",
+            power_w=pdu.carried_w(main),
+            energy=pdu.energy_kwh.get(main, 0.0),
+            breaker=pdu.breaker(main),
+            power_state=pdu.power_state(main),
         )
     for branch, main in branches.items():
         path = f"{base}/Branches/{branch}"
         energy = pdu.energy_kwh.get(main, 0.0) / 2
         docs[path] = _circuit(
-            pdu, path, branch, kind="Branch", power_w=pdu.mains_w[main] / 2, energy=energy
+            pdu,
+            path,
+            branch,
+            kind="Branch",
+            power_w=pdu.carried_w(main) / 2,
+            energy=energy,
+            power_state=pdu.power_state(main),
         )
     return docs
 
@@ -181,4 +234,23 @@ def set_state(docs: dict[str, dict[str, Any]], name: str, state: Mapping[str, An
             msg = f"report {state['report']!r}: expected one of {sorted(_REPORTS)}"
             raise ValueError(msg)
         pdu.report = state["report"]
+    if "breakers" in state:
+        pdu.breakers.update(_per_main(pdu, name, state["breakers"], BREAKER_STATES))
+    if "power_states" in state:
+        pdu.power_states.update(_per_main(pdu, name, state["power_states"], POWER_STATES))
     docs.update(_build(name, pdu))
+
+
+def _per_main(
+    pdu: _Pdu, name: str, given: Mapping[str, Any], allowed: frozenset[str]
+) -> dict[str, str]:
+    """``given`` (main -> a state) checked against the PDU's mains and the schema's enum."""
+    unknown = set(given) - set(pdu.mains_w)
+    if unknown:
+        msg = f"PDU {name} has no mains {sorted(unknown)}"
+        raise ValueError(msg)
+    wrong = {k: v for k, v in given.items() if v not in allowed}
+    if wrong:
+        msg = f"{wrong}: expected one of {sorted(allowed)}"
+        raise ValueError(msg)
+    return dict(given)

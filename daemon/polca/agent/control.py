@@ -16,37 +16,12 @@ when the two clocks disagree, and the disagreement is measured (``skew_ns``) so 
 can say so. A clock step on either side therefore neither expires a valid lease nor
 extends one.
 
-A message is refused (and counted) when it is:
-
-- ``foreign``: for another row or rack;
-- ``issuer``: from an issuer the row does not name (``agent.control_issuers``);
-- ``fenced``: from a leadership ``term`` lower than the highest this node has accepted (a
-  deposed aggregator that still publishes: paused, partitioned); a lower term is accepted
-  again only once every lease of the higher one has run out (an etcd cluster rebuilt from
-  scratch restarts its revisions), so no term can lock the real controller out;
-- ``term_jump``: from a term more than ``max_term_step`` (``agent.max_term_step``) above the
-  highest accepted, while a lease of that highest term is still valid. Terms are etcd
-  create-revisions, which grow with the cluster's writes, so a real new leader's term is
-  above the old one's by a plausible step; a term far above the highest term seen in this
-  process's lifetime is accepted only after the lease of the current term lapses (bounding
-  a forged term to one lease, as epochs are), and a live controller renewing its lease
-  cannot be fenced out by one. A term above ``max_term`` (``agent.max_term``, 2**40) is
-  refused always, the first one this node sees included: no etcd cluster polca elects on
-  reaches that revision (a trillion writes), so such a term is forged, and a forged first
-  message cannot fence out the real controller that comes after it;
-- ``stale``: not newer, by ``(epoch_ns, seq)``, than the last one accepted for its scope;
-  a *lower* epoch (a controller restarted after its clock stepped back) is accepted once
-  the higher epoch's lease has run out, so no stamp can lock the real controller out;
-- ``future``: its ``epoch_ns`` (the issuer's start) lies beyond the tolerance in the future
-  of both this clock and the message's own ``issued_ns`` (either clock may be skewed or
-  have stepped, not both at once), or a retained message was issued beyond the tolerance
-  in the future of this clock;
-- ``skewed``: a live message whose stamp is more than ``MAX_PLAUSIBLE_SKEW_NS`` (a week)
-  from this clock: no real clock is that far off, so the stamps are forged or broken.
-  Together with the rule above this bounds every epoch to this clock plus a week, and the
-  restart rule bounds what a bogus epoch can do to one lease;
-- ``expired``: it grants no time (a lease that ends before it was issued, or a retained
-  message older than its lease).
+A message is refused (and counted) when it is ``foreign`` (for another row or rack) or
+from an ``issuer`` the row does not name (``agent.control_issuers``); above that it is
+ordered, fenced and leased by ``coord/fencing.py`` ``LeaseFence``, per scope, with the
+rules and verdicts written there (``future``, ``skewed``, ``fenced``, ``term_jump``
+beyond ``agent.max_term_step`` or above ``agent.max_term``, ``stale``, ``expired``), the
+same rules the aggregator applies to the site controller's budgets.
 
 A message in shadow mode (``observe``) is tracked for logging but never sets the level.
 Pure logic with no I/O: the core's message intake (``intake.py`` ``MessageIntake``) feeds
@@ -58,9 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from polca.coord.leadership import MAX_PLAUSIBLE_TERM
+from polca.coord.fencing import DEFAULT_MAX_TERM, DEFAULT_MAX_TERM_STEP, LeaseFence, Stamp
 from polca.telemetry.checks import ClockWindow
 from polca.telemetry.schema import Control
+
+__all__ = ["REFUSED", "ControlTracker", "Lease", "Verdict", "stamp_of"]
 
 Verdict = Literal[
     "accepted",
@@ -77,12 +54,6 @@ Verdict = Literal[
 REFUSED: frozenset[Verdict] = frozenset(
     {"stale", "expired", "foreign", "issuer", "future", "skewed", "fenced", "term_jump"}
 )
-DEFAULT_MAX_TERM_STEP = 2**32
-"""A term more than this above the highest accepted waits for that term's lease to lapse."""
-DEFAULT_MAX_TERM = MAX_PLAUSIBLE_TERM
-"""No real leadership term is above this (an etcd revision: a trillion writes)."""
-MAX_PLAUSIBLE_SKEW_NS = 7 * 86_400 * 1_000_000_000
-"""Beyond this, a live message's stamp is not a skewed clock but a forged or broken one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +64,11 @@ class Lease:
     expires_mono_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Order:
-    term: int
-    epoch_ns: int
-    seq: int
-    expires_mono_ns: int
+def stamp_of(control: Control) -> Stamp:
+    """What orders and leases a control message."""
+    return Stamp(
+        control.term, control.epoch_ns, control.seq, control.issued_ns, control.lease_expires_ns
+    )
 
 
 @dataclass(slots=True)
@@ -122,9 +92,18 @@ class ControlTracker:
     rejected: int = 0
     last_verdict: Verdict | None = None
     skew_ns: int | None = None  # receipt wall clock - issued_ns of the last live message
-    term: int = 0
-    """The highest leadership term accepted (0: no high availability)."""
-    _order: dict[str, _Order] = field(default_factory=dict)
+    _fence: LeaseFence = field(init=False)
+
+    def __post_init__(self) -> None:
+        """The fence of this node's scopes."""
+        self._fence = LeaseFence(
+            self.window, max_term_step=self.max_term_step, max_term=self.max_term
+        )
+
+    @property
+    def term(self) -> int:
+        """The highest leadership term accepted (0: no high availability)."""
+        return self._fence.term
 
     def offer(
         self,
@@ -150,8 +129,7 @@ class ControlTracker:
         if not retained:
             self.skew_ns = received_wall_ns - control.issued_ns
         expires = received_mono_ns + remaining_ns
-        self._order[control.scope] = _Order(control.term, control.epoch_ns, control.seq, expires)
-        self.term = control.term  # the highest, or a lower one once the higher lapsed
+        self._fence.accept(control.scope, stamp_of(control), expires_mono_ns=expires)
         if verdict == "observed":
             return verdict
         lease = Lease(control, expires)
@@ -174,37 +152,16 @@ class ControlTracker:
             return "foreign", 0
         if self.issuers and control.issuer not in self.issuers:
             return "issuer", 0
-        newest_clock_ns = max(received_wall_ns, control.issued_ns)
-        if control.epoch_ns - newest_clock_ns > self.window.tolerance_ns:
-            return "future", 0
-        if not retained and abs(received_wall_ns - control.issued_ns) > MAX_PLAUSIBLE_SKEW_NS:
-            return "skewed", 0
-        if control.term < self.term and any(
-            order.expires_mono_ns > received_mono_ns for order in self._order.values()
-        ):
-            return "fenced", 0
-        if control.term > self.max_term:
-            return "term_jump", 0
-        if control.term - self.term > self.max_term_step and any(
-            order.term == self.term and order.expires_mono_ns > received_mono_ns
-            for order in self._order.values()
-        ):
-            return "term_jump", 0
-        last = self._order.get(control.scope)
-        if last is not None and control.term != last.term:
-            last = None  # a new leader (or, the higher term lapsed, a rebuilt etcd's)
-        if last is not None and (control.epoch_ns, control.seq) <= (last.epoch_ns, last.seq):
-            restarted = control.epoch_ns < last.epoch_ns
-            if not (restarted and last.expires_mono_ns <= received_mono_ns):
-                return "stale", 0
-        granted_ns = min(control.lease_expires_ns - control.issued_ns, max_lease_ns)
-        if retained:
-            age_ns = received_wall_ns - control.issued_ns
-            if age_ns < -self.window.tolerance_ns:
-                return "future", 0
-            granted_ns -= max(0, age_ns)
-        if granted_ns <= 0:
-            return "expired", 0
+        verdict, granted_ns = self._fence.judge(
+            control.scope,
+            stamp_of(control),
+            received_mono_ns=received_mono_ns,
+            received_wall_ns=received_wall_ns,
+            retained=retained,
+            max_lease_ns=max_lease_ns,
+        )
+        if verdict != "granted":
+            return verdict, 0
         return ("observed" if control.observe else "accepted"), granted_ns
 
     def active(self, now_mono_ns: int) -> list[Lease]:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Final, Self
+from typing import Annotated, Final, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polca.aggregator.witness import WitnessSettings
 from polca.bmc.config import BmcSettings
 from polca.cooling.loops import CoolingSettings
+from polca.coord.config import HaSettings
+from polca.powertree.model import Feed
 from polca.settings import (
     DEFAULT_TOPIC_ROOT,
     TOPIC_SEGMENT,
@@ -26,7 +28,6 @@ from polca.settings import (
     ProcessSettings,
     SiteName,
     TopicRoot,
-    read_secret,
 )
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES, MAX_ROW_NODES, MAX_ROW_RACKS
 
@@ -39,7 +40,7 @@ MAX_GPU_W = 1e4
 """One GPU's declared or assumed maximum power."""
 
 _NAME = TOPIC_SEGMENT
-RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator"})
+RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator", "powertree"})
 """Levels under a site that polca's own topics use (see ``polca.telemetry.topics``)."""
 
 
@@ -96,6 +97,29 @@ class RackSpec(_Model):
     nodes: tuple[NodeSpec, ...] = Field(min_length=1, max_length=MAX_ROW_NODES)
 
 
+class RowFeedSpec(_Model):
+    """One feed of a row (path A or B): its rating and the meter sources that measure it."""
+
+    name: str = Field(pattern=_NAME, description="The feed's name (A, B).")
+    rating_w: float = Field(
+        gt=0, le=MAX_BUDGET_W, description="What this feed alone can carry to the row."
+    )
+    sources: tuple[Annotated[str, Field(pattern=_NAME)], ...] = Field(
+        min_length=1,
+        max_length=64,
+        description="The row meter's sources on this feed (names in its meter reading).",
+    )
+    loss_means_down: bool = Field(
+        True,
+        description="The sources are powered by this feed: all of them unreachable for "
+        "site_budget.dark_polls_down readings means the feed is down.",
+    )
+
+    def feed(self) -> Feed:
+        """The power tree's view of this feed."""
+        return Feed(self.name, self.rating_w, self.sources, self.loss_means_down)
+
+
 class RowSpec(_Model):
     """One row: a power domain with a provisioned budget."""
 
@@ -115,6 +139,28 @@ class RowSpec(_Model):
         "and not used; default: the sum of the row's nodes' plausible maxima (their "
         "nameplate_w, else their GPUs' bound) with their non-GPU power.",
     )
+    fallback_budget_w: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_BUDGET_W,
+        description="The row takes leased budgets from the site controller, and runs on "
+        "this one while it holds none (the lease lapsed, or none came yet): for a row "
+        "budgeted over one feed's rating, that feed's rating. Unset: no site budgets.",
+    )
+    floor_w: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_BUDGET_W,
+        description="What the row's nodes draw at the fail-safe caps, which the site "
+        "controller never allocates below; default: the sum of its nodes' non-GPU power "
+        "and their GPUs' fail-safe power limits (their power now where a class has none).",
+    )
+    feeds: tuple[RowFeedSpec, ...] = Field(
+        (),
+        max_length=16,
+        description="The row's feeds (A, B) and the meter sources on each: when one goes "
+        "down the row runs at once on what the others carry (empty: not watched).",
+    )
     racks: tuple[RackSpec, ...] = Field(min_length=1, max_length=MAX_ROW_RACKS)
 
     def nodes(self) -> list[tuple[RackSpec, NodeSpec]]:
@@ -130,7 +176,38 @@ class RowSpec(_Model):
                 "summary: split it into rows"
             )
             raise ValueError(msg)
+        if self.fallback_budget_w is not None and self.fallback_budget_w > self.budget_w:
+            msg = (
+                f"row {self.name}: fallback_budget_w ({self.fallback_budget_w:g}) is above "
+                f"budget_w ({self.budget_w:g}): a row never runs above its own budget"
+            )
+            raise ValueError(msg)
+        feeds = [feed.name for feed in self.feeds]
+        if len(feeds) != len(set(feeds)):
+            msg = f"row {self.name}: feed names must be unique, got {feeds}"
+            raise ValueError(msg)
         return self
+
+
+class SiteBudgetSettings(_Model):
+    """Leased row budgets from the site controller (``polca site``), docs/power-tree.md."""
+
+    issuers: tuple[Annotated[str, Field(pattern=_NAME)], ...] = Field(
+        (),
+        max_length=16,
+        description="The site controllers whose budgets the rows take (their instance "
+        "names); empty: any issuer the broker lets publish the budget topic.",
+    )
+    max_lease_s: float = Field(
+        60.0, gt=0, le=3600, description="The longest lease one budget message grants."
+    )
+    dark_polls_down: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Meter readings in a row with every source of a loss_means_down feed "
+        "unreachable, after which the feed is down.",
+    )
 
 
 SINGLE_BROKER_LEASE_S: Final = 10.0
@@ -339,72 +416,6 @@ class IntakeSettings(_Model):
     )
 
 
-class HaSettings(_Model):
-    """Active/standby aggregators for the same rows, elected on etcd (docs/ha.md)."""
-
-    etcd_endpoints: tuple[str, ...] = Field(
-        (),
-        description="etcd client URLs (http:// or https://); empty: no election, this "
-        "aggregator controls its rows alone.",
-    )
-    shard: str | None = Field(
-        None,
-        pattern=_NAME,
-        description="The shard's name: every instance configured for the same rows uses the "
-        "same one; default: the row names joined by '+'.",
-    )
-    peers: tuple[str, ...] = Field(
-        (),
-        description="The other instances of the shard: their control messages are tracked "
-        "(a standby stays warm), never reported as foreign.",
-    )
-    key_prefix: str = Field("polca/v1/leader", description="etcd key prefix of the election.")
-    lease_ttl_s: float = Field(
-        2.0,
-        ge=1,
-        le=30,
-        description="etcd lease of the leader: a dead leader is replaced this long after its "
-        "last keepalive (plus one campaign); must stay well inside control.lease_s.",
-    )
-    campaign_interval_s: float = Field(
-        0.25, gt=0, le=10, description="How often a standby tries to take the lead."
-    )
-    request_timeout_s: float = Field(
-        0.5, gt=0, le=10, description="Each etcd request's timeout (per endpoint)."
-    )
-    username: str | None = Field(None, description="etcd user (etcd authentication enabled).")
-    password: SecretStr | None = Field(
-        None,
-        description="etcd password. Only from POLCA_HA__PASSWORD, password_file or the "
-        "ha_password systemd credential; refused in the YAML file.",
-    )
-    password_file: Path | None = Field(None, description="File holding the etcd password.")
-    tls_ca_file: Path | None = Field(None, description="CA bundle to verify etcd with (https).")
-    tls_cert_file: Path | None = Field(None, description="Client certificate for etcd.")
-    tls_key_file: Path | None = Field(None, description="Client key for etcd.")
-
-    @property
-    def enabled(self) -> bool:
-        """Whether this aggregator campaigns (etcd endpoints are configured)."""
-        return bool(self.etcd_endpoints)
-
-    def secret(self) -> str | None:
-        """The etcd password: the setting, or the file / systemd credential."""
-        if self.password is not None:
-            return self.password.get_secret_value()
-        if self.username is None:
-            return None
-        return read_secret(self.password_file, "ha_password")
-
-    @model_validator(mode="after")
-    def _urls(self) -> Self:
-        for url in self.etcd_endpoints:
-            if not url.startswith(("http://", "https://")):
-                msg = f"etcd endpoint {url!r} must start with http:// or https://"
-                raise ValueError(msg)
-        return self
-
-
 class AggregatorSettings(ProcessSettings):
     """All settings of the aggregator."""
 
@@ -439,6 +450,10 @@ class AggregatorSettings(ProcessSettings):
         default_factory=HaSettings,
         description="High availability: a leader per shard elected on etcd.",
     )
+    site_budget: SiteBudgetSettings = Field(
+        default_factory=SiteBudgetSettings,
+        description="Leased row budgets from the site controller, and the rows' feeds.",
+    )
     bmc: BmcSettings = Field(
         default_factory=BmcSettings,
         description="Out-of-band caps through the nodes' BMCs (Redfish), for nodes whose "
@@ -463,9 +478,9 @@ class AggregatorSettings(ProcessSettings):
         reserved = sorted(set(rows) & RESERVED_ROW_NAMES)
         if reserved:
             msg = (
-                f"row names {reserved} are reserved: topics {{root}}/{{site}}/cooling/... and "
-                "{root}/{site}/aggregator/... would collide with the row's (and the broker "
-                "ACLs could not tell them apart); rename the row"
+                f"row names {reserved} are reserved: topics {{root}}/{{site}}/cooling/..., "
+                "{root}/{site}/aggregator/... and {root}/{site}/powertree/... would collide "
+                "with the row's (and the broker ACLs could not tell them apart); rename the row"
             )
             raise ValueError(msg)
         if len(rows) != len(set(rows)):

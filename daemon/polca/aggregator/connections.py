@@ -24,7 +24,7 @@ from typing import Any
 from polca import service
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.intake import Intake, NodeMoveKind, node_shard
-from polca.coord.etcd import Elector, EtcdClient
+from polca.coord.etcd import Elector, elector_for
 from polca.coord.leadership import Leadership
 from polca.telemetry.messages import Bus, BusFactory, BusStats, InMessage, OutMessage
 
@@ -146,24 +146,11 @@ def elector(
 ) -> Elector | None:
     """The shard's campaign on etcd when ``ha`` is enabled (built, not connected)."""
     ha = settings.ha
-    if not ha.enabled:
-        return None
-    client = EtcdClient(
-        ha.etcd_endpoints,
-        timeout_s=ha.request_timeout_s,
-        username=ha.username,
-        password=ha.secret(),
-        ca_file=ha.tls_ca_file,
-        cert_file=ha.tls_cert_file,
-        key_file=ha.tls_key_file,
-    )
-    return Elector(
-        client=client,
+    return elector_for(
+        ha,
         key=f"{ha.key_prefix}/{settings.site}/{settings.shard}",
         instance=settings.instance,
         leadership=leadership,
-        ttl_s=ha.lease_ttl_s,
-        poll_s=ha.campaign_interval_s,
         on_change=on_change,
         mono_ns=mono_ns,
     )

@@ -112,6 +112,7 @@ class AggregatorCore:
             peers=frozenset(s.ha.peers) - {s.instance},
             window=ClockWindow.of_seconds(s.control.clock_skew_tolerance_s),
             limits=s.intake,
+            budgets=self.rows.budgets,
         )
         self.leadership = Leadership.standby() if s.ha.enabled else Leadership()
         self.thinning = Thinning(s.influx.write_every_s, workload_series=s.influx.workload_series)

@@ -42,6 +42,7 @@ from typing import Final, Literal, TypeVar
 
 import structlog
 
+from polca.aggregator.budgets import SiteBudgets
 from polca.aggregator.config import IntakeSettings
 from polca.aggregator.rollup import Anomaly, NodeView, RowTracker
 from polca.coord.leadership import MAX_PLAUSIBLE_TERM
@@ -50,6 +51,7 @@ from polca.telemetry.checks import ClockWindow, DropLog, RateGate, TokenBucket, 
 from polca.telemetry.messages import InMessage
 from polca.telemetry.schema import (
     MAX_PAYLOAD_BYTES,
+    Budget,
     CduTelemetry,
     Control,
     Event,
@@ -119,10 +121,11 @@ class CduIn:
 
 @dataclass(frozen=True, slots=True)
 class Urgent:
-    """A reading (the row meter's) took its row over the next threshold: step now."""
+    """Step now: the row meter's reading took its row over the next threshold, a feed of
+    the row went up or down, or a new leased budget came."""
 
 
-METER_URGENT: Final = Urgent()
+URGENT: Final = Urgent()
 
 Accepted = TelemetryIn | EventIn | RetainedControl | PeerControl | CduIn | Urgent
 """What ``Intake.handle`` accepted that its caller must route on."""
@@ -141,6 +144,9 @@ class Intake:
     """The other instances of this shard (high availability): not foreign."""
     window: ClockWindow = _DEFAULT_WINDOW
     limits: IntakeSettings = field(default_factory=IntakeSettings)
+    budgets: SiteBudgets | None = None
+    """The rows' leased budgets and feeds (``budgets.py``): budget messages and the meters'
+    feed states go there."""
     messages_in: int = 0
     drops: DropLog = field(init=False)
     skewed: DropLog = field(init=False)
@@ -151,6 +157,7 @@ class Intake:
     _meters: dict[str, str] = field(default_factory=dict)  # topic -> row
     _cdu_topics: dict[str, str] = field(default_factory=dict)  # topic -> CDU id
     _controls: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # topic -> scope
+    _budget_topics: dict[str, str] = field(default_factory=dict)  # topic -> row
     # Admission, keyed by configured names only (nodes of the topology, meter and CDU
     # topics), created on first use: bounded by the configuration, never by the network.
     _buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict)
@@ -166,6 +173,8 @@ class Intake:
             topic = tracker.spec.meter_topic or self.topics.meter(self.site, name)
             self._meters[topic] = name
             self._controls[self.topics.row_control(self.site, name)] = (name, None)
+            if self.budgets is not None and self.budgets.takes_budgets(name):
+                self._budget_topics[self.topics.budget(self.site, name)] = name
             for rack in tracker.spec.racks:
                 topic = self.topics.rack_control(self.site, name, rack.name)
                 self._controls[topic] = (name, rack.name)
@@ -179,11 +188,13 @@ class Intake:
 
     def subscriptions(self) -> list[tuple[str, int]]:
         """The topic filters of the control connection: the owned rows' control (a
-        previous run's, a peer's), which only aggregators may write (never ``#``)."""
+        previous run's, a peer's), which only aggregators may write (never ``#``), and the
+        budgets of the rows that take the site controller's, which only it may write."""
         subs: list[tuple[str, int]] = []
         for row in self.trackers:
             subs.append((self.topics.row_control(self.site, row), 1))
             subs.append((self.topics.rack_control(self.site, row, "+"), 1))
+        subs.extend((topic, 1) for topic in self._budget_topics)
         return subs
 
     def source_subscriptions(self) -> list[tuple[str, int]]:
@@ -254,13 +265,15 @@ class Intake:
         if message.topic in self._meters:
             if not self._admit(message.topic, "source", message, now_s):
                 return None
-            return METER_URGENT if self._meter(message, now_s) else None
+            return URGENT if self._meter(message, now_s) else None
         if message.topic in self._cdu_topics:
             if not self._admit(message.topic, "source", message, now_s):
                 return None
             return self._cdu(message, now_s)
         if message.topic in self._controls:
             return self._control(message)
+        if message.topic in self._budget_topics:
+            return self._budget(message, now_s)
         parsed = self.topics.parse_node(message.topic)
         if parsed is None:
             self.drops.drop("topology", topic=message.topic, detail="not a topic polca reads")
@@ -449,7 +462,30 @@ class Intake:
         _not_retained(message, "meter reading")
         if self.window.skewed(meter.ts_ns, message.received_ns):
             self.skewed.drop("meter", topic=message.topic, detail="meter stamp off")
-        return self.trackers[self._meters[message.topic]].ingest_meter(meter, now_s)
+        row = self._meters[message.topic]
+        feeds_changed = self.budgets is not None and self.budgets.note_meter(row, meter)
+        return self.trackers[row].ingest_meter(meter, now_s) or feeds_changed
+
+    def _budget(self, message: InMessage, now_s: float) -> Urgent | None:
+        """A leased budget for one of our rows: taken (step now) or counted and dropped."""
+        if not message.payload or self.budgets is None:
+            return None  # a retained budget being cleared: the lease runs out on its own
+        budget = decode(message.payload, Budget)
+        check_identity("row", payload=budget.row, topic=self._budget_topics[message.topic])
+        verdict = self.budgets.offer(
+            budget,
+            received_mono_ns=message.received_mono_ns or round(now_s * 1e9),
+            received_wall_ns=message.received_ns,
+            retained=message.retain,
+        )
+        if verdict != "granted":
+            self.drops.drop(
+                f"budget_{verdict}",
+                topic=message.topic,
+                detail=f"issuer {budget.issuer!r} term {budget.term} seq {budget.seq}",
+            )
+            return None
+        return URGENT
 
     def _cdu(self, message: InMessage, now_s: float) -> CduIn:
         cdu = decode(message.payload, CduTelemetry)

@@ -22,6 +22,7 @@ from polca.policy import LoadedPolicy
 from polca.telemetry.messages import OutMessage
 from polca.telemetry.schema import (
     MAX_PAYLOAD_BYTES,
+    ClassPower,
     CoolingAlarm,
     CoolingLoopState,
     Event,
@@ -128,6 +129,16 @@ def summary(topics: Topics, *, site: str, issuer: str, row: RowResult, now_ns: i
         power_note=rollup.power_note[:512],
         budget_w=rollup.budget_w,
         effective_budget_w=budgets.row_w,
+        electrical_budget_w=row.electrical.budget_w,
+        budget_origin=row.electrical.origin,
+        budget_limited_by=row.electrical.limited_by,
+        leased_budget_w=row.electrical.leased_w,
+        feeds=dict(row.electrical.feeds),
+        floor_w=row.demand.floor_w,
+        power_by_class=tuple(
+            ClassPower(priority_class=cls, power_w=power_w)
+            for cls, power_w in row.demand.power_by_class_w
+        ),
         level=decision.level,
         level_name=decision.level_name,
         thresholds_w=decision.thresholds_w,

@@ -36,6 +36,7 @@ from typing import Any
 
 import structlog
 
+from polca.aggregator.budgets import BudgetInForce, RowDemandView, SiteBudgets, row_demand
 from polca.aggregator.config import AggregatorSettings, RowSpec
 from polca.aggregator.controller import ScopeController, ScopeDecision
 from polca.aggregator.rollup import NodeHealth, RowRollup, RowTracker
@@ -43,7 +44,7 @@ from polca.aggregator.witness import MeterWitness
 from polca.cooling.budgets import effective_rack_budgets, effective_row_budget_w
 from polca.cooling.supervisor import CoolingStep, CoolingSupervisor
 from polca.policy import LoadedPolicy, Policy
-from polca.telemetry.checks import DropLog
+from polca.telemetry.checks import ClockWindow, DropLog
 from polca.telemetry.schema import CduTelemetry, Control, Telemetry
 
 _AUDIT_NODES = 32
@@ -90,6 +91,10 @@ class RowResult:
     rack_decisions: Mapping[str, ScopeDecision]
     budgets: Budgets
     nodes: tuple[NodeResult, ...]
+    electrical: BudgetInForce
+    """The electrical budget in force and where it came from (``budgets.py``)."""
+    demand: RowDemandView
+    """The row's floor and power per class, for the site controller."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,12 @@ class RowControl:
             row.name: RowTracker(row, settings.intake, witness=MeterWitness(witness))
             for row in settings.rows
         }
+        self.budgets = SiteBudgets(
+            {row.name: row for row in settings.rows},
+            settings.site_budget,
+            ClockWindow.of_seconds(settings.control.clock_skew_tolerance_s),
+        )
+        """The rows' leased budgets and feeds (taken by the intake)."""
         self.cooling = CoolingSupervisor(settings.cooling)
         self._shared: dict[int, Any] = {
             id(o): o for o in (settings.cooling, *settings.cooling.loops)
@@ -326,7 +337,10 @@ class RowControl:
         tracker = self.trackers[row.name]
         trend = tracker.trend_w_per_s(now_s, ctl.trend_window_s)
         thermal = cooling.rack_thermal_budget_w
-        row_budget_w = effective_row_budget_w(row.budget_w, [r.name for r in row.racks], thermal)
+        electrical = self.budgets.in_force(row.name, round(now_s * 1e9))
+        row_budget_w = effective_row_budget_w(
+            electrical.budget_w, [r.name for r in row.racks], thermal
+        )
         decision = self._decide(
             (row.name, None),
             power_w=rollup.power_w,
@@ -344,6 +358,8 @@ class RowControl:
                 "nodes_stale": len(rollup.stale_nodes),
                 "nodes_offline": len(rollup.offline_nodes),
                 "provisioned_budget_w": row.budget_w,
+                "budget_origin": electrical.origin,
+                "budget_limited_by": electrical.limited_by,
             },
         )
         rack_budgets = effective_rack_budgets(
@@ -378,8 +394,9 @@ class RowControl:
         thresholds_w = decision.thresholds_w
         tracker.arm(thresholds_w[ladder_level] if ladder_level < len(thresholds_w) else math.inf)
         nodes = []
-        for view in tracker.nodes.values():
-            health = view.health(now_s, ctl.stale_after_s)
+        healths = [(view, view.health(now_s, ctl.stale_after_s)) for view in tracker.nodes.values()]
+        demand = row_demand(row, healths, loaded.policy)
+        for view, health in healths:
             nodes.append(
                 NodeResult(
                     view.spec.name,
@@ -394,7 +411,17 @@ class RowControl:
                     quarantine_releases=view.releases,
                 )
             )
-        return RowResult(row, rollup, trend, decision, rack_decisions, budgets, tuple(nodes))
+        return RowResult(
+            row,
+            rollup,
+            trend,
+            decision,
+            rack_decisions,
+            budgets,
+            tuple(nodes),
+            electrical,
+            demand,
+        )
 
     def _cooling_reason(self, step: CoolingStep, rack: str) -> str:
         loop_name = self.settings.cooling.loop_of(rack)

@@ -37,6 +37,7 @@ from typing import Any, Final
 import aiohttp
 import structlog
 
+from polca.coord.config import HaSettings
 from polca.coord.leadership import Leadership
 from polca.errors import RetryableError
 
@@ -351,3 +352,36 @@ class Elector:
                 structlog.get_logger().warning("etcd_revoke_failed", error=str(exc)[:300])
             self.lease_id = 0
         self.leadership.lost()
+
+
+def elector_for(
+    ha: HaSettings,
+    *,
+    key: str,
+    instance: str,
+    leadership: Leadership,
+    on_change: Callable[[], object],
+    mono_ns: Callable[[], int],
+) -> Elector | None:
+    """The campaign for ``key`` when ``ha`` is enabled (built, not connected)."""
+    if not ha.enabled:
+        return None
+    client = EtcdClient(
+        ha.etcd_endpoints,
+        timeout_s=ha.request_timeout_s,
+        username=ha.username,
+        password=ha.secret(),
+        ca_file=ha.tls_ca_file,
+        cert_file=ha.tls_cert_file,
+        key_file=ha.tls_key_file,
+    )
+    return Elector(
+        client=client,
+        key=key,
+        instance=instance,
+        leadership=leadership,
+        ttl_s=ha.lease_ttl_s,
+        poll_s=ha.campaign_interval_s,
+        on_change=on_change,
+        mono_ns=mono_ns,
+    )

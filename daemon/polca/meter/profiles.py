@@ -2,7 +2,8 @@
 
 A ``Profile`` is data: the OIDs to read, in order of preference, each with its scale. The
 first the device supports wins: the device's (or inlet's) total power, else the sum of its
-phase power, else current x voltage x a configured power factor. ``decode`` takes what a
+phase power, else current x voltage x a configured power factor (``ups``, the standard
+UPS-MIB, reads a UPS's output lines the same way). ``decode`` takes what a
 GET and the column walks returned (OID string -> Python value, ``MISSING`` for "no such
 object") and returns a ``SourceReading`` or raises:
 
@@ -158,6 +159,7 @@ _GEIST = "1.3.6.1.4.1.21239.5.2.3"
 _RARITAN_VALUE = "1.3.6.1.4.1.13742.6.5.2.3.1.4.{device}.{inlet}"
 _RARITAN_DIGITS = "1.3.6.1.4.1.13742.6.3.3.4.1.7.{device}.{inlet}"
 _ST4 = "1.3.6.1.4.1.1718.4.1"
+_UPS_OUTPUT = "1.3.6.1.2.1.33.1.4.4.1"  # UPS-MIB upsOutputEntry
 
 
 def _raritan(label: str, sensor: int) -> Value:
@@ -262,6 +264,15 @@ PROFILES: Final[Mapping[str, Profile]] = {
         current=Value("phase current", f"{_GEIST}.2.1.8", 0.01, True, noun="phases"),
         voltage=Value("phase voltage", f"{_GEIST}.2.1.4", 0.1, True),
     ),
+    # UPS-MIB (RFC 1628), any vendor's UPS: upsOutputPower (W) per output line, then
+    # upsOutputCurrent (tenths of A) x upsOutputVoltage (V) per line. What the UPS
+    # delivers, not what it draws (its losses and its battery charging are not in it).
+    "ups": Profile(
+        "ups",
+        power=(Value("output power", f"{_UPS_OUTPUT}.4", column=True, noun="lines"),),
+        current=Value("output current", f"{_UPS_OUTPUT}.3", 0.1, column=True, noun="lines"),
+        voltage=Value("output voltage", f"{_UPS_OUTPUT}.2", 1.0, column=True),
+    ),
 }
 """The built-in profiles by name (``generic`` is built from configuration)."""
 
@@ -273,6 +284,9 @@ _ENTERPRISES: Final[Mapping[int, str]] = {
     21239: "vertiv",
 }
 _ENTERPRISE_PREFIX: Final = (1, 3, 6, 1, 4, 1)
+_UPS_MIB: Final = (1, 3, 6, 1, 2, 1, 33)
+"""upsMIB: the sysObjectID of agents that implement RFC 1628 without a vendor MIB (NUT's
+``ietf`` mapping keys on it). A vendor's UPS names its enterprise instead: ``profile: ups``."""
 
 
 def vendor_of(sys_object_id: object) -> str | None:
@@ -283,6 +297,8 @@ def vendor_of(sys_object_id: object) -> str | None:
         arcs = tuple(int(arc) for arc in sys_object_id.strip(".").split("."))
     except ValueError:
         return None
+    if arcs[: len(_UPS_MIB)] == _UPS_MIB:
+        return "ups"
     if len(arcs) <= len(_ENTERPRISE_PREFIX) or arcs[:6] != _ENTERPRISE_PREFIX:
         return None
     return _ENTERPRISES.get(arcs[6])

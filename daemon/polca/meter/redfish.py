@@ -9,6 +9,14 @@ Why it exists: rack PDUs and some switchboards publish their power over Redfish
 resources and sums them with the pure readers of ``polca.redfish.power``: a PDU fed by an
 A and a B main reports the sum of both.
 
+The circuits a source reads also say what they do with their feed, from the same
+documents (no other request): the reading's ``equipment`` is their ``circuit_state``
+(``BreakerState``, ``PowerState``) when they all agree, else ``unknown`` (a source summing
+an A main that is up and a B main that tripped cannot speak for one feed: give each main
+its own source, ``circuits: [AC1]``), and ``input_voltage_v`` the lowest ``Voltage``
+reading among them. A chassis' power (``EnvironmentMetrics``, a ``Sensor``, its supplies)
+says nothing of a feed: ``unknown``.
+
 How it fails (``polca.meter.source``): the service unreachable, timing out or answering
 5xx: ``TransportError``, after which the session is dropped and the next read reconnects
 (and discovers again); rejected credentials: ``TransportAuthError``. Values that cannot
@@ -29,12 +37,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polca.errors import ConfigError, ReadingRejectedError, TransportError
 from polca.meter.source import SourceReading
+from polca.readings import EquipmentState
 from polca.redfish import open_session
 from polca.redfish.api import RedfishEndpoint, RedfishSession, SessionFactory
-from polca.redfish.documents import as_object, check_type, member_links, odata_link
+from polca.redfish.documents import (
+    as_object,
+    check_type,
+    excerpt_reading,
+    member_links,
+    odata_link,
+)
 from polca.redfish.power import (
     PowerReading,
     circuit_power,
+    circuit_state,
     environment_power,
     legacy_power,
     power_supply_power,
@@ -47,6 +63,7 @@ __all__ = ["MAX_CIRCUITS", "RedfishMeterConfig", "RedfishMeterSource", "probe"]
 MAX_CIRCUITS = 64
 """Most circuits (mains or branches) one source sums."""
 _MAX_MEMBERS = 256  # members of a collection looked at during discovery
+_MAX_VOLTAGE_V = 100_000.0  # a feeder's or a switchboard's circuit, not only a rack PDU's
 _ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 Kind = Literal["circuits", "environment", "sensor", "supplies", "legacy"]
@@ -234,6 +251,30 @@ def _reading(
     )
 
 
+def _feed(plan: _Plan, docs: list[Mapping[str, Any]]) -> tuple[EquipmentState, float | None]:
+    """What a plan's circuits say of their feed, and its lowest voltage (module docstring).
+
+    ``ReadingRejectedError`` for a voltage that is there but not a sane number; a null
+    one (a reading the PDU does not have now) is None.
+    """
+    if plan.kind != "circuits":
+        return "unknown", None
+    states: set[EquipmentState] = set()
+    volts: list[float] = []
+    for path, doc in zip(plan.paths, docs, strict=True):
+        states.add(circuit_state(doc, what=_last(path)))
+        try:
+            voltage_v = excerpt_reading(doc, "Voltage", low=0.0, high=_MAX_VOLTAGE_V)
+        except ReadingRejectedError as exc:
+            if exc.reason != "unsupported":
+                raise
+            voltage_v = None
+        if voltage_v is not None:
+            volts.append(voltage_v)
+    equipment: EquipmentState = states.pop() if len(states) == 1 else "unknown"
+    return equipment, min(volts, default=None)
+
+
 class RedfishMeterSource:
     """A ``MeterSource`` over one Redfish service (see the module docstring)."""
 
@@ -289,7 +330,15 @@ class RedfishMeterSource:
                 self._plan = None
             raise
         reading = _reading(plan, docs, self.config.power_factor)
-        return SourceReading(reading.power_w, reading.detail, reading.energy_j, reading.fallbacks)
+        equipment, voltage_v = _feed(plan, docs)
+        return SourceReading(
+            reading.power_w,
+            reading.detail,
+            reading.energy_j,
+            reading.fallbacks,
+            equipment=equipment,
+            input_voltage_v=voltage_v,
+        )
 
     async def close(self) -> None:
         """Close the session (idempotent); the next read reconnects and discovers again."""

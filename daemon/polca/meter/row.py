@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from polca.meter.source import SourceReading
 from polca.outages import OutageBook
-from polca.telemetry.schema import Meter
+from polca.telemetry.schema import Meter, SourceState
 
 __all__ = ["Change", "SourceFailure", "SourceLog", "SourceResult", "row_meter"]
 
@@ -50,8 +50,20 @@ def row_meter(results: Sequence[tuple[str, SourceResult]], *, now_ns: int) -> Me
         if readings and not missing and all(e is not None for e in energies)
         else None
     )
+    states = {
+        name: SourceState(
+            equipment=r.equipment,
+            on_battery=r.on_battery,
+            battery_minutes=r.battery_minutes,
+            load_pct=r.load_pct,
+            input_voltage_v=r.input_voltage_v,
+        )
+        for name, r in results
+        if isinstance(r, SourceReading)
+    }
     return Meter(
         ts_ns=now_ns,
+        states=states,
         power_w=sum(r.power_w for r in readings),
         energy_j=energy_j,
         sources=len(readings),

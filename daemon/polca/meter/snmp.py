@@ -28,7 +28,14 @@ asks for the most preferred value first (the device's total power) and for the n
 (its phases, then current x voltage) only when the device does not support it; the reads
 after it ask for the value found only (one GET for a PDU that measures its total power,
 instead of a GET and four column walks), keeping the first read's ``fallbacks``. A read
-of the learnt value that fails to decode asks again from the top at once. Secrets come from files or
+of the learnt value that fails to decode asks again from the top at once.
+
+A UPS (``ups: true``) also says what it does with its feed: its first GET of each read
+carries ``meter/ups.py`` ``UPS_OIDS`` (output source, battery status, minutes left, load,
+input voltage), decoded by ``decode_ups`` into the reading's ``equipment``, ``on_battery``,
+``battery_minutes``, ``load_pct`` and ``input_voltage_v``. A device that does not answer
+upsOutputSource is ``ReadingRejectedError`` (``unsupported``): its power alone would say
+nothing of the feed it was configured to watch. Secrets come from files or
 systemd credentials (``polca.settings.read_secret``), never from YAML. Nothing is logged
 per poll: the service logs.
 """
@@ -72,6 +79,7 @@ from polca.meter.profiles import (
     vendor_of,
 )
 from polca.meter.source import SourceReading
+from polca.meter.ups import UPS_OIDS, decode_ups
 from polca.settings import read_secret
 
 __all__ = ["DeviceIdentity", "GenericOid", "SnmpSource", "SnmpSourceConfig", "probe"]
@@ -159,9 +167,9 @@ class SnmpSourceConfig(BaseModel):
     context_name: str = Field("", max_length=64)
     """v3 context name (empty on most PDUs)."""
     profile: Literal[
-        "auto", "apc", "apc_legacy", "raritan", "servertech", "eaton", "vertiv", "generic"
+        "auto", "apc", "apc_legacy", "raritan", "servertech", "eaton", "vertiv", "ups", "generic"
     ] = "auto"
-    """The vendor MIB; ``auto`` picks it from sysObjectID at the first read."""
+    """The vendor MIB (``ups``: RFC 1628, any UPS); ``auto``: from sysObjectID at first read."""
     generic: tuple[GenericOid, ...] = Field((), max_length=16)
     """The ``generic`` profile's OIDs, power first in order of preference."""
     power_factor: float = Field(0.95, gt=0.0, le=1.0)
@@ -176,6 +184,8 @@ class SnmpSourceConfig(BaseModel):
     """Per SNMP request attempt."""
     retries: int = Field(1, ge=0, le=10)
     """Retries of a request that got no answer (each within timeout_s)."""
+    ups: bool = False
+    """A UPS: also GET its UPS-MIB state (output source, battery, load) as its feed state."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -252,24 +262,32 @@ class SnmpSource:
     async def read(self) -> SourceReading:
         """Read the PDU once (see the module docstring for the errors)."""
         profile = await self._bound_profile()
+        varbinds: dict[str, object] = {}
+        reading = await self._power(profile, varbinds)
+        return self._with_ups(reading, varbinds) if self._config.ups else reading
+
+    async def _power(self, profile: Profile, varbinds: dict[str, object]) -> SourceReading:
+        """The power, from the learnt value or, every ``RELEARN_READS``, from the top."""
         learnt = self._learnt
         if learnt is not None and self._reads_since_full < RELEARN_READS:
             self._reads_since_full += 1
             try:
-                reading = await self._decode(learnt[0])
+                reading = await self._decode(learnt[0], varbinds)
             except (ConfigError, ReadingRejectedError):
                 self._learnt = None  # the device changed: ask for everything, now
+                varbinds.clear()
             else:
                 return replace(reading, fallbacks=learnt[1])
-        reading = await self._decode_in_tiers(profile)
+        reading = await self._decode_in_tiers(profile, varbinds)
         self._learnt = (_only(profile, reading.detail), reading.fallbacks)
         self._reads_since_full = 0
         return reading
 
-    async def _decode_in_tiers(self, profile: Profile) -> SourceReading:
+    async def _decode_in_tiers(
+        self, profile: Profile, varbinds: dict[str, object]
+    ) -> SourceReading:
         """Ask for the most preferred value first and for the next only when the device
         does not support it: one GET for a PDU that measures its total power."""
-        varbinds: dict[str, object] = {}
         tiers = _tiers(profile)
         for tier in tiers[:-1]:
             await self._fetch(tier, varbinds)
@@ -283,19 +301,46 @@ class SnmpSource:
         await self._fetch(tiers[-1], varbinds)
         return self._decoded(tiers[-1], varbinds)
 
-    async def _decode(self, profile: Profile) -> SourceReading:
+    async def _decode(self, profile: Profile, varbinds: dict[str, object]) -> SourceReading:
         """One read of ``profile``'s values, decoded."""
-        varbinds: dict[str, object] = {}
         await self._fetch(profile, varbinds)
         return self._decoded(profile, varbinds)
 
     async def _fetch(self, profile: Profile, varbinds: dict[str, object]) -> None:
-        """Add the answers to ``profile``'s requests not answered yet to ``varbinds``."""
+        """Add the answers to ``profile``'s requests not answered yet to ``varbinds`` (and,
+        for a UPS, its state's: in the read's first GET)."""
         gets, walks = profile.requests()
+        if self._config.ups:
+            gets = (*UPS_OIDS.values(), *gets)
         varbinds.update(await self._get(tuple(oid for oid in gets if oid not in varbinds)))
         for prefix in walks:
             if not any(oid.startswith(prefix + ".") for oid in varbinds):
                 varbinds.update(await self._walk(prefix))
+
+    def _with_ups(self, reading: SourceReading, varbinds: dict[str, object]) -> SourceReading:
+        """``reading`` with what the UPS says of its feed (``ReadingRejectedError`` if it
+        does not say, or says something outside the MIB)."""
+        config = self._config
+        values = {name: varbinds.get(oid, MISSING) for name, oid in UPS_OIDS.items()}
+        if values["output_source"] is MISSING:
+            msg = (
+                f"SNMP source {config.name} ({config.host}) is configured ups: true but has "
+                f"no UPS-MIB upsOutputSource ({UPS_OIDS['output_source']}): not a UPS, or "
+                "its agent does not implement RFC 1628"
+            )
+            raise ReadingRejectedError(msg, reason="unsupported")
+        state = decode_ups(
+            {name: None if value is MISSING else value for name, value in values.items()},
+            what=f"SNMP source {config.name}",
+        )
+        return replace(
+            reading,
+            equipment=state.equipment,
+            on_battery=state.on_battery,
+            battery_minutes=state.minutes_remaining,
+            load_pct=state.percent_load,
+            input_voltage_v=state.input_voltage_v,
+        )
 
     def _decoded(self, profile: Profile, varbinds: dict[str, object]) -> SourceReading:
         return decode(

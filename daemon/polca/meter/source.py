@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from polca.readings import EquipmentState
+
 __all__ = ["MeterSource", "SourceReading"]
 
 
@@ -39,6 +41,17 @@ class SourceReading:
     """Values the profile wanted first but the device did not support (e.g. ``"device
     power: -1 (not supported)"``), so operators see why ``detail`` is not the first
     choice."""
+    equipment: EquipmentState = "unknown"
+    """What the device says of the feed it measures (a circuit's breaker and power state,
+    a UPS's output source, a PDU's input voltage): ``unknown`` when it does not say."""
+    on_battery: bool = False
+    """A UPS whose output its battery carries (its input is lost)."""
+    battery_minutes: float | None = None
+    """A UPS's estimated minutes on battery, where it reports them."""
+    load_pct: float | None = None
+    """A UPS's output load in percent, where it reports it."""
+    input_voltage_v: float | None = None
+    """The feed's input voltage, where the source reads it."""
 
 
 class MeterSource(Protocol):

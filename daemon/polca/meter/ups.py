@@ -3,8 +3,9 @@
 A feed behind a UPS is down for what it supplies when the UPS's output is off
 (``upsOutputSource`` none), and carried by a battery of limited minutes when it is on
 battery: the power tree (``powertree/capacity.py``) then caps the domain at its
-``battery_w``. The SNMP source (``meter/snmp.py``, the pysnmp importer) GETs the scalars
-``UPS_OIDS`` names; ``decode_ups`` turns the answer into a ``UpsState``.
+``battery_w``. An SNMP source configured ``ups: true`` (``meter/snmp.py``, the pysnmp
+importer) GETs the values ``UPS_OIDS`` names in the same request as its power's;
+``decode_ups`` turns the answer into a ``UpsState``.
 
 Every value is checked against the MIB's own ranges (``readings.checked_number``): an
 enumeration outside its values, a percentage or a minute count out of range, a value of
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, TypeVar
 
 from polca.errors import ReadingRejectedError
+from polca.meter.profiles import MAX_VOLTAGE_V
 from polca.readings import EquipmentState, checked_number
 
 __all__ = ["UPS_OIDS", "UpsState", "decode_ups"]
@@ -32,8 +34,11 @@ UPS_OIDS: Final = {
     "battery_status": "1.3.6.1.2.1.33.1.2.1.0",
     "minutes_remaining": "1.3.6.1.2.1.33.1.2.3.0",
     "output_percent_load": "1.3.6.1.2.1.33.1.4.4.1.5.1",
+    "input_voltage": "1.3.6.1.2.1.33.1.3.3.1.3.1",
 }
-"""UPS-MIB scalars read per poll (the load of output line 1)."""
+"""UPS-MIB values read per poll: scalars, and the load of output line 1 and the voltage of
+input line 1 (``upsInputVoltage``, RMS volts: near zero while the UPS is on battery for a
+lost input)."""
 
 _OUTPUT_SOURCES: Final[dict[int, OutputSource]] = {
     1: "other",
@@ -62,6 +67,7 @@ class UpsState:
     battery_status: BatteryStatus | None = None
     minutes_remaining: float | None = None
     percent_load: float | None = None
+    input_voltage_v: float | None = None
 
     @property
     def on_battery(self) -> bool:
@@ -101,7 +107,10 @@ def decode_ups(values: Mapping[str, object], *, what: str = "UPS") -> UpsState:
         what=f"{what} upsOutputPercentLoad",
         high=_MAX_PERCENT_LOAD,
     )
-    return UpsState(source, battery, minutes, load)
+    voltage = _optional(
+        values.get("input_voltage"), what=f"{what} upsInputVoltage", high=MAX_VOLTAGE_V
+    )
+    return UpsState(source, battery, minutes, load, voltage)
 
 
 def _enum(value: object, table: Mapping[int, _E], *, what: str) -> _E | None:

@@ -2,7 +2,8 @@
 
 A domain's capacity is the sum of the ratings of its feeds that are up, never above its
 own rating (a domain without feeds listed: its rating). A UPS on battery carries at most
-its ``battery_w`` (when the site file gives one) until its input returns. A domain whose
+its ``battery_w`` (when the site file gives one) until its input returns. An operator's
+limit on a domain (``SiteState.limits_w``) caps it likewise. A domain whose
 feeds are all down carries nothing: the budgets of what it supplies go to zero (their
 rows are dark or on a path the tree does not show), never to an unknown.
 
@@ -16,13 +17,22 @@ the caller.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 
 from polca.powertree.model import Domain, Feed, SiteTree
 from polca.readings import EquipmentState
 
-__all__ = ["FeedState", "SiteState", "capacities_w", "domain_capacity_w", "feed_up"]
+__all__ = [
+    "FeedState",
+    "SiteState",
+    "capacities_w",
+    "domain_capacity_w",
+    "feed_up",
+    "feeds_up_w",
+    "next_feed_state",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +52,9 @@ class SiteState:
     on_battery: frozenset[str] = frozenset()
     dark_polls_down: int = 3
     """Polls without an answer after which a ``loss_means_down`` feed is down."""
+    limits_w: Mapping[str, float] = field(default_factory=dict)
+    """Operator limits on domains (maintenance, a generator, a grid event), in watts: a
+    domain's capacity is never above its limit."""
 
 
 def feed_up(feed: Feed, state: FeedState | None, *, dark_polls_down: int) -> bool:
@@ -55,22 +68,66 @@ def feed_up(feed: Feed, state: FeedState | None, *, dark_polls_down: int) -> boo
     return not (feed.loss_means_down and feed.sources and state.dark_polls >= dark_polls_down)
 
 
+def feeds_up_w(
+    feeds: Sequence[Feed], states: Mapping[str, FeedState], *, dark_polls_down: int
+) -> float:
+    """The ratings of the ``feeds`` that are up, summed (``states`` keyed by feed name)."""
+    return sum(
+        feed.rating_w
+        for feed in feeds
+        if feed_up(feed, states.get(feed.name), dark_polls_down=dark_polls_down)
+    )
+
+
+def next_feed_state(
+    feed: Feed,
+    previous: FeedState | None,
+    *,
+    equipment: Mapping[str, EquipmentState],
+    dark: AbstractSet[str],
+) -> FeedState | None:
+    """A feed's state after one meter report, or None when the report has none of its sources.
+
+    ``equipment`` is what each answering source says of its feed, ``dark`` the sources that
+    did not answer (loss of contact). The feed's equipment is up when any of its sources
+    says up, down when one says down and none up (and stays down until one says up),
+    else unknown; it is dark for one more
+    poll when every source of it in the report is dark, and its count starts again at the
+    first answer.
+    """
+    answered = [equipment[name] for name in feed.sources if name in equipment]
+    silent = [name for name in feed.sources if name in dark]
+    if not answered and not silent:
+        return None
+    if "up" in answered:
+        said: EquipmentState = "up"
+    elif "down" in answered:
+        said = "down"
+    elif previous is not None and (previous.equipment == "down" or not answered):
+        said = previous.equipment  # down until it says up; dark: what it last said stands
+    else:
+        said = "unknown"
+    dark_polls = (previous.dark_polls if previous is not None else 0) + 1 if not answered else 0
+    return FeedState(said, dark_polls)
+
+
 def domain_capacity_w(domain: Domain, state: SiteState) -> float:
     """What ``domain`` can carry with the feeds that are up now."""
     capacity = domain.rating_w
     if domain.feeds:
-        up_w = sum(
-            feed.rating_w
+        states = {
+            feed.name: found
             for feed in domain.feeds
-            if feed_up(
-                feed,
-                state.feeds.get((domain.name, feed.name)),
-                dark_polls_down=state.dark_polls_down,
-            )
+            if (found := state.feeds.get((domain.name, feed.name))) is not None
+        }
+        capacity = min(
+            capacity, feeds_up_w(domain.feeds, states, dark_polls_down=state.dark_polls_down)
         )
-        capacity = min(capacity, up_w)
     if domain.name in state.on_battery and domain.battery_w is not None:
         capacity = min(capacity, domain.battery_w)
+    limit_w = state.limits_w.get(domain.name)
+    if limit_w is not None:
+        capacity = min(capacity, limit_w)
     return capacity
 
 

@@ -13,9 +13,13 @@ domains:
     battery_w: 800000            # what it carries on battery (optional)
     feeds:                       # what it is fed by; none: its rating is its capacity
       - {name: A, rating_w: 600000, sources: [pdu-a1], loss_means_down: true}
-      - {name: B, rating_w: 600000, sources: [pdu-b1]}
+      - {name: B, rating_w: 600000, sources: [row1/pdu-b1]}
     supplies: [row1, row2]       # rows or domains
 ```
+
+A feed's source is a ``polca meter`` source: ``GROUP/SOURCE`` (the meter group, the topic
+segment its readings come on, and the source's name there) or ``SOURCE`` alone (that name
+in any group).
 
 ``build_tree`` turns the data into a ``SiteTree`` and lists every problem at once, each
 with the path of the value it is about (``domains.ups-a.feeds[1].rating_w``), so a loader
@@ -227,7 +231,7 @@ def _feeds(raw: object, loc: Loc, domain_w: float, problems: list[Problem]) -> t
             problems.append(
                 Problem((*at, "rating_w"), f"a feed rated above its domain's {domain_w:g} W")
             )
-        sources = _names(value.get("sources", ()), (*at, "sources"), problems)
+        sources = _names(value.get("sources", ()), (*at, "sources"), problems, grouped=True)
         down = value.get("loss_means_down", True)
         if not isinstance(down, bool):
             problems.append(Problem((*at, "loss_means_down"), "must be true or false"))
@@ -328,7 +332,10 @@ def _rating(value: object, loc: Loc, problems: list[Problem]) -> float:
     return float(value)
 
 
-def _names(raw: object, loc: Loc, problems: list[Problem]) -> tuple[str, ...]:
+def _names(
+    raw: object, loc: Loc, problems: list[Problem], *, grouped: bool = False
+) -> tuple[str, ...]:
+    """A list of names; ``grouped``: each may be ``GROUP/NAME`` (a meter source)."""
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
         problems.append(Problem(loc, "expected a list of names"))
         return ()
@@ -337,8 +344,12 @@ def _names(raw: object, loc: Loc, problems: list[Problem]) -> tuple[str, ...]:
         return ()
     out: list[str] = []
     for i, name in enumerate(raw):
-        if not isinstance(name, str) or not _NAME.match(name):
-            problems.append(Problem((*loc, i), "a name is 1-128 of A-Za-z0-9_.-"))
+        parts = name.split("/") if isinstance(name, str) else [None]
+        if len(parts) > (2 if grouped else 1) or not all(
+            isinstance(p, str) and _NAME.match(p) for p in parts
+        ):
+            form = "NAME or GROUP/NAME" if grouped else "a name"
+            problems.append(Problem((*loc, i), f"{form}: each name 1-128 of A-Za-z0-9_.-"))
         elif name in out:
             problems.append(Problem((*loc, i), f"{name!r} is listed twice"))
         else:

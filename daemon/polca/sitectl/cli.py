@@ -1,7 +1,12 @@
-"""``polca site check FILE...``: read a site file, print its tree or every problem in it.
+"""``polca site``: the site's power tree and its controller.
 
-Exit codes: 0 every file is a sound tree, 1 a file has problems (``FILE:LINE:COL: path:
-message`` each, on stderr), 2 no file given (argparse).
+- ``polca site check FILE...``: read a site file, print its tree or every problem in it.
+  Exit codes: 0 every file is a sound tree, 1 a file has problems (``FILE:LINE:COL: path:
+  message`` each, on stderr), 2 no file given (argparse).
+- ``polca site run --config FILE``: the site controller (``sitectl/runtime.py``): reads the
+  meters and the rows' summaries, shares each domain's live capacity by priority and
+  publishes each row's leased budget. Exit codes as every daemon's (``polca.exits``): 78
+  for a bad configuration or site file.
 """
 
 from __future__ import annotations
@@ -10,9 +15,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from polca import logs
+from polca.exits import run_process
 from polca.powertree.sitefile import SiteFileError, describe, load_site
+
+if TYPE_CHECKING:
+    from polca.sitectl.config import SiteSettings
 
 __all__ = ["add_parsers", "main", "run_check"]
 
@@ -25,11 +35,34 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "check", help="validate site files and print their trees (FILE:LINE:COL errors)"
     )
     check.add_argument("files", nargs="+", type=Path)
+    run = ssub.add_parser("run", help="the site controller: share the capacity, lease budgets")
+    run.add_argument("--config", type=Path, default=None, help="YAML settings file")
+    run.add_argument("--broker", default=None, help="MQTT broker host[:port]")
+    run.add_argument("--site", default=None, help="site name (default: settings, 'site')")
+    run.add_argument("--interval", type=float, default=None, help="allocation period in s")
+    run.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    logs.add_options(run)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``polca site``'s command."""
+    if args.site_command == "run":
+        return run_process("site", lambda: _settings(args), lambda s: _run(args, s))
     return run_check(args.files, out=sys.stdout, err=sys.stderr)
+
+
+def _settings(args: argparse.Namespace) -> SiteSettings:
+    from polca.settings import load_source_settings  # noqa: PLC0415
+    from polca.sitectl.config import SiteSettings  # noqa: PLC0415
+
+    return load_source_settings(SiteSettings, args)
+
+
+async def _run(args: argparse.Namespace, settings: SiteSettings) -> None:
+    from polca.sitectl.runtime import SiteController  # noqa: PLC0415
+
+    tree = load_site(settings.tree_file)  # a bad site file: every problem, exit 78
+    await SiteController(settings, tree).run(duration_s=args.duration)
 
 
 def run_check(paths: Sequence[Path], *, out: TextIO, err: TextIO) -> int:

@@ -65,6 +65,9 @@ _Label = Annotated[str, Field(max_length=64)]
 
 # Strict on the wire (``decode`` validates with strict=True); lax for polca's own objects.
 # Non-finite floats are refused in both.
+BudgetOrigin = Literal["config", "lease", "fallback", "feeds"]
+"""Where a row's electrical budget comes from (``aggregator/budgets.py``)."""
+
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 __all__ = ["INT64_MAX", "MAX_PAYLOAD_BYTES", "SCHEMA_VERSION", "SchemaError", "decode", "encode"]
@@ -357,6 +360,28 @@ class Assignment(_Wire):
     )
 
 
+class SourceState(BaseModel):
+    """What one answering meter source's equipment says of the feed it measures.
+
+    ``equipment`` is the device's own word (a Redfish circuit's ``BreakerState`` and
+    ``PowerState``, a UPS's ``upsOutputSource``, a PDU's input voltage): ``down`` when it
+    says the feed carries nothing, ``unknown`` when it does not say. A source that did not
+    answer is in the meter's ``missing``, not here (loss of contact).
+    """
+
+    model_config = _CONFIG
+
+    equipment: Literal["up", "down", "unknown"] = "unknown"
+    on_battery: bool = Field(False, description="A UPS whose output its battery carries.")
+    battery_minutes: float | None = Field(
+        None, ge=0, le=2**31, description="A UPS's estimated minutes on battery."
+    )
+    load_pct: float | None = Field(None, ge=0, le=200, description="A UPS's output load.")
+    input_voltage_v: float | None = Field(
+        None, ge=0, le=100_000, description="The feed's input voltage, where read."
+    )
+
+
 class Meter(_Wire):
     """``{root}/{site}/{row}/meter`` (or a configured topic): row power from a PDU or meter.
 
@@ -375,6 +400,118 @@ class Meter(_Wire):
     missing: dict[_Name, _Label] = Field(
         default_factory=dict, max_length=256, description="Failed source -> why (partial)."
     )
+    states: dict[_Name, SourceState] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="Answering source -> what its equipment says of its feed.",
+    )
+
+
+class Budget(_Wire):
+    """``{root}/{site}/{row}/budget``: retained, QoS 1: a row's budget from the site controller.
+
+    The site controller shares each power domain's live capacity among the rows it feeds
+    (``powertree``); the row's aggregator runs on the least of its configured budget and
+    this one while the lease lasts (``lease_expires_ns - issued_ns`` from receipt, on its
+    monotonic clock), and on its ``fallback_budget_w`` once it lapses. Ordered and fenced
+    as ``Control`` is (``term``, then ``(epoch_ns, seq)``); only the site controller's
+    broker role may publish it.
+    """
+
+    kind: Literal["budget"] = "budget"
+    row: _Name
+    issuer: _Name
+    term: _Count = 0
+    epoch_ns: _Ns
+    seq: _Count
+    budget_w: _TotalWatts
+    issued_ns: _Ns
+    lease_expires_ns: _Ns
+    limited_by: _Name | None = Field(
+        None, description="The domain whose capacity set it (none: the row's own rating)."
+    )
+    reason: str = Field("", max_length=512)
+
+
+class BudgetLimit(_Wire):
+    """``{root}/{site}/powertree/limit/{domain}``: retained, QoS 1: an operator's limit.
+
+    ``polca budget set`` publishes it (``watts``: the domain's capacity is never above it,
+    ``until_ns``: the window's end, none: until cleared) and ``polca budget clear`` a
+    limit of no ``watts``; only the operator's broker role may publish it. Each carries
+    who set it and why: the site controller logs it (``domain_limit_set``) and shows it.
+    """
+
+    kind: Literal["budget_limit"] = "budget_limit"
+    domain: _Name
+    watts: _TotalWatts | None = Field(None, description="None: the limit is cleared.")
+    until_ns: _Ns | None = Field(None, description="Unix time the limit ends (none: cleared).")
+    reason: str = Field(min_length=1, max_length=512)
+    by: str = Field(min_length=1, max_length=128, description="Who set it (user@host).")
+
+
+class FeedReport(BaseModel):
+    """One feed of a domain as the site controller sees it."""
+
+    model_config = _CONFIG
+
+    name: _Name
+    rating_w: _TotalWatts
+    up: bool
+    equipment: Literal["up", "down", "unknown"] = "unknown"
+    dark_polls: _Count = 0
+
+
+class DomainReport(BaseModel):
+    """One domain of the power tree as the site controller sees it."""
+
+    model_config = _CONFIG
+
+    name: _Name
+    kind: _Name
+    parent: _Name | None = None
+    rating_w: _TotalWatts
+    capacity_w: _TotalWatts = Field(description="What it can carry now, its limit included.")
+    unlimited_w: _TotalWatts = Field(description="What its feeds can carry now, no limit.")
+    budget_w: _TotalWatts
+    nominal_w: _TotalWatts
+    measured_w: _TotalWatts
+    on_battery: bool = False
+    feeds: tuple[FeedReport, ...] = Field((), max_length=16)
+    limit_w: _TotalWatts | None = None
+    limit_until_ns: _Ns | None = None
+    limit_reason: str = Field("", max_length=512)
+    limit_by: str = Field("", max_length=128)
+
+
+class RowBudgetReport(BaseModel):
+    """One row of the power tree: its budget and where it comes from."""
+
+    model_config = _CONFIG
+
+    name: _Name
+    parent: _Name | None = None
+    rating_w: _TotalWatts
+    budget_w: _TotalWatts
+    nominal_w: _TotalWatts
+    measured_w: _TotalWatts | None = None
+    limited_by: _Name | None = None
+    origin: BudgetOrigin | None = Field(
+        None, description="The budget the row's aggregator says it runs on."
+    )
+    stale: bool = False
+
+
+class SiteReport(_Wire):
+    """``{root}/{site}/powertree/state``: retained: the tree as the site controller sees it."""
+
+    kind: Literal["site_report"] = "site_report"
+    issuer: _Name
+    term: _Count = 0
+    publishing: bool = Field(description="This controller publishes the budgets (it leads).")
+    domains: tuple[DomainReport, ...] = Field((), max_length=512)
+    rows: tuple[RowBudgetReport, ...] = Field((), max_length=512)
+    truncated: bool = Field(False, description="Domains or rows were cut to fit the wire.")
 
 
 class PolicyBundle(_Wire):
@@ -407,6 +544,15 @@ class RackSummary(BaseModel):
     nodes_offline: _Count
 
 
+class ClassPower(BaseModel):
+    """One priority class's GPU power in a row."""
+
+    model_config = _CONFIG
+
+    priority_class: _Name
+    power_w: _TotalWatts
+
+
 class RowSummary(_Wire):
     """``{root}/{site}/{row}/summary``: retained: the row as the aggregator sees it."""
 
@@ -420,6 +566,29 @@ class RowSummary(_Wire):
     )
     budget_w: _TotalWatts
     effective_budget_w: _TotalWatts
+    electrical_budget_w: _TotalWatts | None = Field(
+        None, description="The electrical budget in force (before the loops' thermal ones)."
+    )
+    budget_origin: BudgetOrigin = Field(
+        "config",
+        description="Where the electrical budget comes from: the row's configuration, the "
+        "site controller's lease, the fallback once a lease lapsed, the feeds up.",
+    )
+    budget_limited_by: str | None = Field(
+        None, max_length=256, description="The domain of a leased budget, or the feeds down."
+    )
+    leased_budget_w: _TotalWatts | None = Field(
+        None, description="The site controller's budget while its lease is valid."
+    )
+    feeds: dict[_Name, bool] = Field(
+        default_factory=dict, max_length=16, description="Each listed feed: whether it is up."
+    )
+    floor_w: _TotalWatts | None = Field(
+        None, description="What the row's nodes draw at the fail-safe caps."
+    )
+    power_by_class: tuple[ClassPower, ...] = Field(
+        (), max_length=64, description="GPU power per priority class, most important first."
+    )
     level: _Level
     level_name: str = Field("", max_length=64)
     thresholds_w: tuple[float, ...] = Field((), max_length=64)
@@ -557,6 +726,9 @@ Message = (
     | Control
     | Assignment
     | Meter
+    | Budget
+    | BudgetLimit
+    | SiteReport
     | PolicyBundle
     | RowSummary
     | CduTelemetry
@@ -669,6 +841,9 @@ def json_schemas() -> dict[str, dict[str, Any]]:
             Control,
             Assignment,
             Meter,
+            Budget,
+            BudgetLimit,
+            SiteReport,
             PolicyBundle,
             RowSummary,
             CduTelemetry,

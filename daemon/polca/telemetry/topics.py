@@ -12,6 +12,9 @@ Layout (the version segment is part of ``root``, default ``polca/v1``)::
     {root}/{site}/{row}/policy                    retained, QoS 1: the node policy bundle
     {root}/{site}/{row}/meter                     a PDU/meter's row power (configurable)
     {root}/{site}/{row}/summary                   retained: the row as the aggregator sees it
+    {root}/{site}/{row}/budget                    retained, leased: a row's budget (polca site)
+    {root}/{site}/powertree/state                 retained: the power tree (polca site)
+    {root}/{site}/powertree/limit/{domain}        retained: an operator's limit on a domain
     {root}/{site}/aggregator/{instance}/status    retained, with a Last Will
     {root}/{site}/aggregator/{instance}/events    QoS 1: control decisions (audit), drops
 """
@@ -81,6 +84,18 @@ class Topics:
     def meter(self, site: str, row: str) -> str:
         """The default topic of a row's power meter."""
         return f"{self.root}/{site}/{row}/meter"
+
+    def budget(self, site: str, row: str) -> str:
+        """The retained, leased budget of a row, from the site controller."""
+        return f"{self.root}/{site}/{row}/budget"
+
+    def site_report(self, site: str) -> str:
+        """The site controller's retained report of the power tree."""
+        return f"{self.root}/{site}/powertree/state"
+
+    def budget_limit(self, site: str, domain: str) -> str:
+        """An operator's retained limit on a domain of the power tree."""
+        return f"{self.root}/{site}/powertree/limit/{domain}"
 
     def row_summary(self, site: str, row: str) -> str:
         """The retained row summary published by the aggregator."""
