@@ -34,6 +34,7 @@ from polca.gpu import registry
 from polca.meter import cli as meter_cli
 from polca.settings import broker_override
 from polca.sim import cli as sim_cli
+from polca.sitectl import budget as budget_cli
 from polca.sitectl import cli as site_cli
 
 NumberT = TypeVar("NumberT", int, float)
@@ -176,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     csub.add_parser("show", help="print the effective settings (secrets hidden)").add_argument(
         "--config", type=Path, default=None
     )
-    for tool in (cdu_cli, meter_cli, bmc_cli, assign_cli, sim_cli, site_cli):
+    for tool in (cdu_cli, meter_cli, bmc_cli, assign_cli, sim_cli, site_cli, budget_cli):
         tool.add_parsers(sub)
     return parser
 
@@ -200,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bmc_cli.main(args)
     if args.command == "site":
         return site_cli.main(args)
+    if args.command == "budget":
+        return budget_cli.main(args)
     if args.command == "assign":
         return assign_cli.main(args)
     if args.command in sim_cli.COMMANDS:

@@ -139,11 +139,10 @@ class SiteCore:
         self._meter_filters = (default, *self.settings.meter_topics)
 
     def subscriptions(self) -> list[tuple[str, int]]:
-        """The meters' readings and the rows' retained summaries."""
-        summaries = [
-            (self.topics.row_summary(self.settings.site, row), 1) for row in self.tree.rows
-        ]
-        return [*((f, 0) for f in self._meter_filters), *summaries]
+        """The meters' readings, the rows' retained summaries, the operators' limits."""
+        summaries = [(topic, 1) for topic in self._summary_topics]
+        limits = (self.topics.budget_limit(self.settings.site, "+"), 1)
+        return [*((f, 0) for f in self._meter_filters), *summaries, limits]
 
     def receive(self, message: InMessage, now_s: float) -> bool:
         """Take one message received at ``now_s`` (monotonic); True when a feed changed.
