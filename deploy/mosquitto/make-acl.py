@@ -11,15 +11,21 @@ naming its exact topics, and no ``pattern`` line at all:
 - a node agent per node (user = node name): writes its telemetry, status, state and events
   under its own row and rack; reads its row's control and policy, its rack's control and
   its own assignment;
-- the aggregator: reads the node channels, control, meters and CDUs of its rows and loops;
-  writes their control, policy and summary, the loops' state and alarms, and its own
-  status and events;
+- the aggregator: reads the node channels, control, meters, budgets and CDUs of its rows
+  and loops; writes their control, policy and summary, the loops' state and alarms, and
+  its own status and events;
 - a CDU source per CDU (user = CDU id: the CDU itself, its ``polca cdu modbus`` poller, or
   a ``polca cdu simulate``, which with ``--simulated-cdu`` may also read the node telemetry
   of the racks its loop cools): writes that CDU's telemetry only;
 - a meter per row (``meter-<row>``): writes the row's ``meter_topic`` (or the default
   ``{root}/{site}/{row}/meter``, where the aggregator listens when none is set);
 - the scheduler: writes (and reads back) every node's assignment, reads node status;
+- the site controller (``polca site run``, user ``polca-site``), site-wide since its rows
+  are those of the site file: reads every row's meter and summary and the operators'
+  limits, writes the rows' budgets and the site report (``{root}/{site}/powertree/state``);
+- the operator (``polca budget``, user ``polca-operator``), site-wide: writes (and reads
+  back) the limits ``{root}/{site}/powertree/limit/{domain}``, reads the site report and
+  the rows' summaries and budgets;
 - the viewer (``polca status``, dashboards' helpers): reads everything above, writes nothing.
 
 Rerun it whenever the topology changes, then ``systemctl reload mosquitto``. It must run
@@ -53,15 +59,17 @@ trailing newline either, which would end an ACL or script line)."""
 _LOOP_NAME = re.compile(r"\A[A-Za-z0-9_.:-]+\Z")
 """A cooling loop's name: one topic level; polca's cooling configuration also allows ':'."""
 
-RESERVED_ROWS = ("aggregator", "cooling")
-"""Levels after the site that are not rows: the aggregators' own topics and the cooling
-topics. A row named ``cooling`` would make a node's ``state`` topic the topic of a loop's
-state (``{site}/cooling/loop/{loop}/state``)."""
+RESERVED_ROWS = ("aggregator", "cooling", "powertree")
+"""Levels after the site that are not rows: the aggregators' own topics, the cooling
+topics and the power tree's. A row named ``cooling`` would make a node's ``state`` topic
+the topic of a loop's state (``{site}/cooling/loop/{loop}/state``)."""
 
 _NODE_PUBLISHES = ("telemetry", "status", "state", "events")
 """The channels a node agent writes under its own topic."""
 
-_CHANNELS = frozenset({*_NODE_PUBLISHES, "assign", "control", "policy", "summary", "alarms"})
+_CHANNELS = frozenset(
+    {*_NODE_PUBLISHES, "assign", "control", "policy", "summary", "alarms", "budget"}
+)
 """Last levels of polca's own topics: a meter topic under the root must not end in one."""
 
 
@@ -121,6 +129,10 @@ class ServiceUsers:
     """Whatever publishes priority assignments."""
     viewer: str = "polca-viewer"
     """Read-only: ``polca status``, dashboards' helpers, operators."""
+    site: str = "polca-site"
+    """The site controller (``polca site run``): the only writer of the rows' budgets."""
+    operator: str = "polca-operator"
+    """``polca budget``: the only writer of the power tree's limits."""
 
     def meter(self, row: str) -> str:
         """The user name of a row's power meter."""
@@ -334,6 +346,8 @@ def user_names(topology: Topology, users: ServiceUsers) -> list[str]:
         _user_name("aggregator", users.aggregator),
         _user_name("scheduler", users.scheduler),
         _user_name("viewer", users.viewer),
+        _user_name("site controller", users.site),
+        _user_name("operator", users.operator),
     ]
     names += [users.meter(row.name) for row in topology.rows]
     names += [loop.cdu for loop in topology.loops]
@@ -352,16 +366,16 @@ def _aggregator(topology: Topology, user: str) -> list[str]:
     instance = topology.instance or "+"
     pinned = "" if topology.instance else " (any instance: set `instance:` to pin it)"
     out = [
-        f"# The aggregator{pinned}: reads the node channels, control, meters and CDUs of its",
-        "# rows and loops; writes their control, policy and summary, the loops' state and",
-        "# alarms, and its own status (retained, also its Last Will) and events.",
+        f"# The aggregator{pinned}: reads the node channels, control, meters, budgets and",
+        "# CDUs of its rows and loops; writes their control, policy and summary, the loops'",
+        "# state and alarms, and its own status (retained, also its Last Will) and events.",
         f"user {user}",
     ]
     for row in topology.rows:
         out += [
             f"topic read {site}/{row.name}/+/+/{ch}" for ch in ("telemetry", "status", "events")
         ]
-        out += [f"topic read {row.meter_topic}"]
+        out += [f"topic read {row.meter_topic}", f"topic read {site}/{row.name}/budget"]
         # Control is read back, as the aggregator subscribes to it: another issuer on its
         # rows is reported (foreign_control).
         out += [
@@ -397,7 +411,7 @@ def _services(topology: Topology, users: ServiceUsers) -> list[str]:
     out += [
         "",
         "# Read-only access for operators (`polca status`) and tools: everything of these",
-        "# rows, loops and this aggregator; nothing written.",
+        "# rows, loops, this aggregator and the site's power tree; nothing written.",
         f"user {users.viewer}",
     ]
     for row in topology.rows:
@@ -409,7 +423,12 @@ def _services(topology: Topology, users: ServiceUsers) -> list[str]:
             f"topic read {site}/cooling/{loop.cdu}/telemetry",
             f"topic read {site}/cooling/loop/{loop.name}/#",
         ]
-    out += [f"topic read {site}/aggregator/{topology.instance or '+'}/#", ""]
+    out += [
+        f"topic read {site}/aggregator/{topology.instance or '+'}/#",
+        f"topic read {site}/powertree/#",
+        "",
+        *_power_tree(topology, users),
+    ]
     for row in topology.rows:
         out += [
             f"# The power meter of row {row.name}: writes the row's meter topic only.",
@@ -417,6 +436,40 @@ def _services(topology: Topology, users: ServiceUsers) -> list[str]:
             f"topic write {row.meter_topic}",
             "",
         ]
+    return out
+
+
+def _power_tree(topology: Topology, users: ServiceUsers) -> list[str]:
+    """The site controller's and the operator's sections: site-wide, since the rows and
+    domains they serve are the site file's (several aggregators' rows), not this
+    configuration's."""
+    site = f"{topology.root}/{topology.site}"
+    out = [
+        "# The site controller (`polca site run`): reads every row's meter and summary and",
+        "# the operators' limits; writes the rows' leased budgets and the site report.",
+        f"user {users.site}",
+        f"topic read {site}/+/meter",
+    ]
+    out += [
+        f"topic read {row.meter_topic}"
+        for row in topology.rows
+        if row.meter_topic != f"{site}/{row.name}/meter"
+    ]
+    out += [
+        f"topic read {site}/+/summary",
+        f"topic read {site}/powertree/limit/+",
+        f"topic write {site}/+/budget",
+        f"topic write {site}/powertree/state",
+        "",
+        "# The operator (`polca budget`): writes (and reads back) the limits on the power",
+        "# tree's domains; reads the site report and the rows' summaries and budgets.",
+        f"user {users.operator}",
+        f"topic readwrite {site}/powertree/limit/+",
+        f"topic read {site}/powertree/state",
+        f"topic read {site}/+/summary",
+        f"topic read {site}/+/budget",
+        "",
+    ]
     return out
 
 
@@ -512,7 +565,8 @@ def passwd_commands(names: list[str], *, source: str) -> str:
         f"# Generated by make-acl.py from {source}: creates or updates the Mosquitto users of",
         "# the strict ACL. Copy each node's SECRETS_DIR/<node>.pass to that node as",
         "# /etc/polca/mqtt.pass (mode 600), the aggregator's as /etc/polca/aggregator-mqtt.pass,",
-        "# each CDU's to the host that publishes for it.",
+        "# the site controller's as /etc/polca/site-mqtt.pass, each CDU's to the host that",
+        "# publishes for it.",
         "set -eu",
         "# The broker's password file (created, mode 600, if missing).",
         'PASSWORD_FILE="${PASSWORD_FILE:-/etc/mosquitto/passwd}"',
@@ -558,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scheduler-user", default=defaults.scheduler)
     parser.add_argument("--viewer-user", default=defaults.viewer)
+    parser.add_argument("--site-user", default=defaults.site, help="the site controller")
+    parser.add_argument("--operator-user", default=defaults.operator, help="polca budget")
     parser.add_argument(
         "--simulated-cdu",
         action="append",
@@ -570,7 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         topology = load_topology(args.config, root=args.root)
         aggregator = args.aggregator_user or topology.aggregator_user or defaults.aggregator
-        users = ServiceUsers(aggregator, args.scheduler_user, args.viewer_user)
+        users = ServiceUsers(
+            aggregator, args.scheduler_user, args.viewer_user, args.site_user, args.operator_user
+        )
         text = acl_text(topology, users, source=str(args.config), simulated=args.simulated_cdu)
         names = user_names(topology, users)
     except TopologyError as exc:

@@ -20,7 +20,10 @@ polca's client ids name their owner (daemon/polca, ``client_id=``):
 - ``polca-aggregator-<instance>`` and ``polca-aggregator-<instance>-<connection>``: the
   aggregator user(s) (``--aggregator-user``, default ``polca-aggregator``);
 - ``polca-assign-...``: the scheduler (``polca assign``), ``polca-status-...``: the viewer
-  (``polca status``), ``polca-meter-...``: a meter (``meter-<row>``).
+  (``polca status``), ``polca-meter-...``: a meter (``meter-<row>``);
+- ``polca-site-<site>-<instance>``: the site controller (``polca site run``, user
+  ``polca-site``), ``polca-budget-...``: the operator (``polca budget``, user
+  ``polca-operator``).
 
 A connection holding one of them under another user is a mismatch, whoever the user is: a
 node's id held by a service user, a test user or nobody is one too. Any other client id
@@ -98,6 +101,10 @@ class Users:
     viewer: str = "polca-viewer"
     meter_prefix: str = "meter-"
     """A meter's user is ``meter-<row>`` (its client id names the site, not the row)."""
+    site: str = "polca-site"
+    """The site controller's user (its instances share it)."""
+    operator: str = "polca-operator"
+    """``polca budget``'s user."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +158,10 @@ def owner(client_id: str, users: Users) -> Owner | None:
         return Owner(names=frozenset({users.viewer}))
     if client_id.startswith("polca-meter-"):
         return Owner(prefix=users.meter_prefix)
+    if client_id.startswith("polca-site-"):
+        return Owner(names=frozenset({users.site}))
+    if client_id.startswith("polca-budget-"):
+        return Owner(names=frozenset({users.operator}))
     return None
 
 
@@ -503,6 +514,8 @@ def parser() -> argparse.ArgumentParser:
     )
     result.add_argument("--scheduler-user", default=defaults.scheduler)
     result.add_argument("--viewer-user", default=defaults.viewer)
+    result.add_argument("--site-user", default=defaults.site)
+    result.add_argument("--operator-user", default=defaults.operator)
     result.add_argument(
         "--timeout",
         type=_positive_float,
@@ -529,7 +542,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     bases: list[str] = list(dict.fromkeys(args.monitor or [MONITOR]))
     aggregators: Iterable[str] = args.aggregator_user or Users().aggregators
-    users = Users(frozenset(aggregators), args.scheduler_user, args.viewer_user)
+    users = Users(
+        frozenset(aggregators),
+        args.scheduler_user,
+        args.viewer_user,
+        site=args.site_user,
+        operator=args.operator_user,
+    )
     timeout_s: float = args.timeout
 
     def fetch(url: str) -> bytes:

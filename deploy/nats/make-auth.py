@@ -18,7 +18,9 @@ So the three clients that subscribe wider than the strict ACL's grants are given
 filters as they subscribe them (``_wide_reads``): ``polca status`` (the viewer) the whole
 site's summary, control, node status and state and aggregator status; ``polca assign``
 (the scheduler) each node's status in any row and rack; ``polca cdu simulate --rack``
-(a simulated CDU) the node telemetry of each whole row of its racks.
+(a simulated CDU) the node telemetry of each whole row of its racks. The site controller
+(``polca-site``) and the operator (``polca-operator``, ``polca budget``) subscribe within
+their grants, which are site-wide already (``{site}/+/meter``, ``{site}/+/budget``, ...).
 
 Passwords are random (128 bits), kept in ``SECRETS_DIR/<user>.pass`` (mode 600, reused
 when present, like the Mosquitto scripts) and written as they are into ``auth.conf``
@@ -184,34 +186,46 @@ def merge(parts: Iterable[Mapping[str, Grants]]) -> dict[str, Grants]:
     return merged
 
 
+_SERVICES = acl.ServiceUsers()
+DEFAULT_USERS: tuple[str | None, str, str, str, str] = (
+    None,
+    _SERVICES.scheduler,
+    _SERVICES.viewer,
+    _SERVICES.site,
+    _SERVICES.operator,
+)
+"""configs_grants's service users: the aggregator (None: each configuration's), the
+scheduler, the viewer, the site controller and the operator (make-acl.py's defaults)."""
+
+
 def configs_grants(
     configs: Sequence[Path],
     *,
     root: str | None = None,
-    users: tuple[str | None, str, str] = (None, "polca-scheduler", "polca-viewer"),
+    users: tuple[str | None, str, str, str, str] = DEFAULT_USERS,
     simulated: Sequence[str] = (),
 ) -> dict[str, Grants]:
     """The merged grants of one or more aggregator configurations.
 
     ``users`` are the aggregator (None: each configuration's ``mqtt.username``, else
-    ``polca-aggregator``), scheduler and viewer user names. Raises ``TopologyError`` for
-    an unusable configuration, a node, CDU or meter user in two configurations, or a
-    simulated CDU that no configuration has.
+    ``polca-aggregator``), scheduler, viewer, site controller and operator user names.
+    Raises ``TopologyError`` for an unusable configuration, a node, CDU or meter user in
+    two configurations, or a simulated CDU that no configuration has.
     """
-    aggregator_user, scheduler, viewer = users
+    aggregator_user, *shared = users
     parts: list[dict[str, Grants]] = []
     used: set[str] = set()
     owners: dict[str, Path] = {}
     for config in configs:
         topology = acl.load_topology(config, root=root)
         aggregator = aggregator_user or topology.aggregator_user or acl.ServiceUsers().aggregator
-        service_users = acl.ServiceUsers(aggregator, scheduler, viewer)
+        service_users = acl.ServiceUsers(aggregator, *shared)
         cdus = {loop.cdu for loop in topology.loops}
         chosen = [cdu for cdu in simulated if cdu in cdus]
         used.update(chosen)
         parts.append(topology_grants(topology, service_users, source=str(config), simulated=chosen))
         # Nodes, CDUs and meters belong to one configuration; the services may be shared.
-        for name in set(acl.user_names(topology, service_users)) - {aggregator, scheduler, viewer}:
+        for name in set(acl.user_names(topology, service_users)) - {aggregator, *shared}:
             if name in owners:
                 msg = f"user {name!r} is in {owners[name]} and in {config}"
                 raise TopologyError(msg)
@@ -316,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scheduler-user", default=defaults.scheduler)
     parser.add_argument("--viewer-user", default=defaults.viewer)
+    parser.add_argument("--site-user", default=defaults.site, help="the site controller")
+    parser.add_argument("--operator-user", default=defaults.operator, help="polca budget")
     parser.add_argument(
         "--simulated-cdu",
         action="append",
@@ -329,7 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         grants = configs_grants(
             args.config,
             root=args.root,
-            users=(args.aggregator_user, args.scheduler_user, args.viewer_user),
+            users=(
+                args.aggregator_user,
+                args.scheduler_user,
+                args.viewer_user,
+                args.site_user,
+                args.operator_user,
+            ),
             simulated=args.simulated_cdu,
         )
     except TopologyError as exc:

@@ -3,8 +3,10 @@
 The dashboards in ``deploy/grafana/`` are JSON that no linter understands: a renamed field, a
 typo in a tag or a Flux-only construct would only show as an empty panel in front of an
 operator. So these tests check the provisioning's structure, then write a simulated run of
-one row (two racks, three 8-GPU nodes, 120 s at 1 s, level changes, events, drops) and of
-two liquid-cooling loops (a pump failure, a stale CDU, a leak, their alarms) into a real
+one row (two racks, three 8-GPU nodes, 120 s at 1 s, level changes, events, drops), of
+two liquid-cooling loops (a pump failure, a stale CDU, a leak, their alarms) and of the
+power tree above the row (a tripped feed, a UPS on battery, a dark meter, an operator's
+limit, a lost site controller, the row on its fallback) into a real
 InfluxDB 1.x, and run every panel target, annotation and template variable query the
 way Grafana would (macros and variables substituted), expecting each selected column to
 carry data. ``test_checker_reports_*`` prove that the checker fails on a broken query.
@@ -25,6 +27,12 @@ import pytest
 import yaml
 
 from polca.aggregator import points
+from polca.coord.leadership import Leadership
+from polca.powertree.allocate import RowDemand, allocate
+from polca.powertree.capacity import FeedState, SiteState
+from polca.powertree.model import build_tree
+from polca.sitectl import points as site_points
+from polca.sitectl.core import SiteStep
 from tests.tsdb import InfluxDB1Process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +136,12 @@ def test_dashboard_provider_loads_the_dashboards() -> None:
     assert provider["folder"] == "polca"
     assert Path(provider["options"]["path"]).is_absolute()
     assert provider["options"]["path"] in README.read_text(encoding="utf-8")
-    assert set(_dashboards()) == {"polca-cooling.json", "polca-gpus.json", "polca-row.json"}
+    assert set(_dashboards()) == {
+        "polca-cooling.json",
+        "polca-gpus.json",
+        "polca-power-tree.json",
+        "polca-row.json",
+    }
 
 
 def test_dashboards_are_well_formed() -> None:
@@ -201,13 +214,18 @@ def test_panels_tile_the_grid() -> None:
                     assert other == panel["id"], f"{name}: panels {other} and {panel['id']} overlap"
 
 
+VARIABLES = {"polca-power-tree.json": {"site", "domain", "row"}}
+"""The variables a dashboard must have, where not site, row and rack (the tree has no
+racks: its domains and rows)."""
+
+
 def test_template_variables_are_tag_queries_used_as_regexes() -> None:
     """Variables are SHOW TAG VALUES without $timeFilter, and used only as =~ /^$var$/."""
     uids = _provisioned_uids()
     for name, board in _dashboards().items():
         variables = board["templating"]["list"]
         names = {variable["name"] for variable in variables}
-        assert {"site", "row", "rack"} <= names, name
+        assert VARIABLES.get(name, {"site", "row", "rack"}) <= names, name
         for variable in variables:
             assert variable["type"] == "query"
             assert variable["datasource"]["uid"] in uids
@@ -618,8 +636,10 @@ def make_run(now_ms: int) -> list[str]:
             **{f"threshold_{i + 1}_w": BUDGET_W * pct / 100 for i, pct in enumerate(THRESHOLD_PCT)},
             "trend_w_per_s": round(trend_w_per_s, 1),
             **{f"nodes_{k}": float(v) for k, v in row_counts.items()},
+            **_row_budget_fields(t),
         }  # fmt: skip
-        lines.append(_line("row", {"site": SITE, "row": ROW}, row_fields, ts_ms))
+        lines += [_line("row", {"site": SITE, "row": ROW}, row_fields, ts_ms),
+                  *_tree_lines(t, ts_ms, measured_w)]  # fmt: skip
         changed = t > 0 and level != _level(t - 1)
         if changed or t % 10 == 0:
             seq += 1
@@ -629,6 +649,86 @@ def make_run(now_ms: int) -> list[str]:
         lines += _aggregator_lines(t, ts_ms, counters, points=len(lines))
         lines += _leadership_lines(t, ts_ms)
     return lines
+
+
+# The site's power tree above the row: a switchboard on the utility feeding a UPS with two
+# feeds and a battery, which supplies the row. Breaker B trips, the UPS runs on its
+# battery, feed A's meter goes dark, an operator limits the UPS, the site controller is
+# lost for a while (no tree points; the row's lease lapses to its fallback).
+TREE = build_tree(
+    {
+        "rows": {ROW: {"rating_w": 20_000}},
+        "domains": {
+            "swb-1": {"kind": "switchboard", "rating_w": 40_000, "supplies": ["ups-a"],
+                      "feeds": [{"name": "utility", "rating_w": 40_000, "sources": ["swb-in"]}]},
+            "ups-a": {"kind": "ups", "rating_w": 24_000, "battery_w": 15_000, "supplies": [ROW],
+                      "feeds": [{"name": "A", "rating_w": 12_000, "sources": ["ups-a-in"]},
+                                {"name": "B", "rating_w": 12_000, "sources": ["pdu-b"]}]},
+        },
+    }
+)[0]  # fmt: skip
+TREE_DOMAINS = ("swb-1", "ups-a")
+FEED_B_DOWN = range(30, 60)
+ON_BATTERY = range(70, 80)
+FEED_A_DARK = range(84, 90)  # polls without an answer; down from the third
+UPS_LIMIT = (range(90, 112), 16_000.0)
+SITE_LOST = range(100, 106)  # no allocation: no tree points
+SUMMARY_STALE = range(96, 100)
+ROW_FALLBACK = range(103, 108)  # the lease (3 s) lapsed after the site controller was lost
+
+
+def _tree_state(t: int) -> SiteState:
+    feeds: dict[tuple[str, str], FeedState] = {
+        ("swb-1", "utility"): FeedState("up"),
+        ("ups-a", "A"): FeedState("up"),
+        ("ups-a", "B"): FeedState("down" if t in FEED_B_DOWN else "up"),
+    }
+    if t in FEED_A_DARK:
+        feeds["ups-a", "A"] = FeedState("up", dark_polls=t - FEED_A_DARK.start + 1)
+    window, limit_w = UPS_LIMIT
+    return SiteState(
+        feeds=feeds,
+        on_battery=frozenset({"ups-a"} if t in ON_BATTERY else ()),
+        dark_polls_down=3,
+        limits_w={"ups-a": limit_w} if t in window else {},
+    )
+
+
+def _tree_lines(t: int, ts_ms: int, row_w: float) -> list[str]:
+    """The site controller's points at second ``t``: the real allocation of the tree's
+    state then, built by ``sitectl.points``."""
+    if t in SITE_LOST:
+        return []
+    assert TREE is not None
+    state = _tree_state(t)
+    demand = RowDemand(floor_w=6_000.0, demand_w=(0.4 * row_w, 0.6 * row_w))
+    allocation = allocate(TREE, state, {ROW: demand})
+    measured = {ROW: row_w, "ups-a": row_w, "swb-1": row_w}
+    stale = (ROW,) if t in SUMMARY_STALE else ()
+    step = SiteStep(allocation, state, measured, stale, [])
+    written = site_points.step_points(
+        step, TREE, site=SITE, ts_ns=ts_ms * 1_000_000, leadership=Leadership()
+    )
+    return [point.to_line("ms") for point in written]
+
+
+def _row_budget_fields(t: int) -> dict[str, object]:
+    """The row's budget in force at second ``t``, as its aggregator writes it: on its
+    fallback before the first lease and once the lease lapsed, its own feeds' rating while
+    breaker B is open (before the site controller's lease follows), else the lease."""
+    leased = 12_000.0 if t in FEED_B_DOWN else UPS_LIMIT[1] if t in UPS_LIMIT[0] else BUDGET_W
+    if t < 3 or t in ROW_FALLBACK:
+        return {"electrical_budget_w": 10_000.0, "budget_origin": "fallback", "on_fallback": 1.0}
+    fields: dict[str, object] = {"leased_budget_w": leased, "on_fallback": 0.0}
+    if t in FEED_B_DOWN[:2]:
+        fields["leased_budget_w"] = BUDGET_W
+        return {**fields, "electrical_budget_w": 12_000.0, "budget_origin": "feeds",
+                "budget_limited_by": "feed B"}  # fmt: skip
+    origin = "lease" if leased < BUDGET_W else "config"
+    fields |= {"electrical_budget_w": leased, "budget_origin": origin}
+    if origin == "lease":
+        fields["budget_limited_by"] = "ups-a"
+    return fields
 
 
 LEADER_CHANGES = {0: ("agg-1", 7), 70: ("agg-2", 12)}
@@ -844,12 +944,16 @@ def test_every_template_variable_finds_values(simulated_run: InfluxDB1Process) -
         values = resolve_variables(simulated_run, board)
         assert values["site"] == [SITE], name
         assert values["row"] == [ROW], name
-        assert values["rack"] == sorted(RACKS), name
+        if "rack" in values:
+            assert values["rack"] == sorted(RACKS), name
+        if "domain" in values:
+            assert values["domain"] == sorted(TREE_DOMAINS), name
         if "node" in values:
             assert values["node"] == sorted(NODES), name
         if "loop" in values:
             assert values["loop"] == sorted(LOOPS), name
     assert "loop" in resolve_variables(simulated_run, _dashboards()["polca-cooling.json"])
+    assert "domain" in resolve_variables(simulated_run, _dashboards()["polca-power-tree.json"])
 
 
 def test_every_panel_query_returns_data(simulated_run: InfluxDB1Process) -> None:
@@ -892,6 +996,7 @@ def test_every_annotation_query_returns_events(simulated_run: InfluxDB1Process) 
         "polca-row.json: Leader changes",
         "polca-row.json: Level changes",
         "polca-gpus.json: Level changes",
+        "polca-power-tree.json: Level changes",
         "polca-cooling.json: Cooling alarms",
     }, counted
 

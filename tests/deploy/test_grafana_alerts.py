@@ -4,7 +4,7 @@
 Prometheus rules (``deploy/prometheus/polca-rules.yml``) from the InfluxDB history. There is
 no Grafana here, so these tests check what can go wrong without one: the provisioning
 structure (keys, uids, refIds, datasource, expression types), that each Prometheus alert
-but ``PolcaLeaseExpiring`` has a rule with its title, severity, ``for`` and runbook, that
+but ``PROMETHEUS_ONLY`` has a rule with its title, severity, ``for`` and runbook, that
 queries name only measurements, fields and tags of ``polca.export.schema.SCHEMA`` and group
 by the labels the alert is about. Then a scenario is written into a real InfluxDB 1.x (a
 server of this module's own, ``grafana_influxdb`` being module-scoped), each rule's query
@@ -39,8 +39,9 @@ PROMETHEUS_RULES = ROOT / "deploy" / "prometheus" / "polca-rules.yml"
 GRAFANA_README = ROOT / "deploy" / "grafana" / "README.md"
 PROMETHEUS_DOC = ROOT / "docs" / "prometheus.md"
 
-# The lease runs on the node's monotonic clock; only the agent's /metrics shows it.
-PROMETHEUS_ONLY = frozenset({"PolcaLeaseExpiring"})
+# The lease runs on the node's monotonic clock; only the agent's /metrics shows it. A site
+# controller lost is series gone, which is no data (OK) for a Grafana rule.
+PROMETHEUS_ONLY = frozenset({"PolcaLeaseExpiring", "PolcaSiteControllerLost"})
 RULE_KEYS = frozenset(
     {"uid", "title", "condition", "data", "noDataState", "execErrState", "for", "labels",
      "annotations"}
@@ -489,6 +490,15 @@ def _row(row: str, **recent: Sequence[float]) -> Series:
     return Series("row", {"site": SITE, "row": row}, recent)
 
 
+def _feed(domain: str, feed: str, up: Sequence[float]) -> Series:
+    return Series("power_feed", {"site": SITE, "domain": domain, "feed": feed}, {"up": up})
+
+
+def _domain(domain: str, measured_w: Sequence[float], capacity_w: Sequence[float]) -> Series:
+    tags = {"site": SITE, "domain": domain, "kind": "ups"}
+    return Series("power_domain", tags, {"measured_w": measured_w, "capacity_w": capacity_w})
+
+
 def _node(rack: str, node: str, **recent: Sequence[float]) -> Series:
     return Series("node", {"site": SITE, "row": "r1", "rack": rack, "node": node}, recent)
 
@@ -529,6 +539,20 @@ SCENARIO = (
          meter_trusted=[1] * 4),
     _row("r3", level=[3, 3, 0, 0], power_w=[1200, 1200, 950, 950], budget_w=[1000] * 4,
          nodes_offline=[1, 1, 0, 0], meter_trusted=[0, 0, 1, 1]),
+    # r1 on its fallback now; r2 on a lease; r3 was on its fallback, its lease back.
+    _row("r1", on_fallback=[0, 0, 1, 1]),
+    _row("r2", on_fallback=[0] * 4),
+    _row("r3", on_fallback=[1, 1, 0, 0]),
+    # Feed B of ups-a tripped; feed A up; ups-b's feed A was down and is back.
+    _feed("ups-a", "A", [1] * 4),
+    _feed("ups-a", "B", [1, 1, 0, 0]),
+    _feed("ups-b", "A", [0, 0, 1, 1]),
+    # ups-a over its capacity now; ups-b under it; ups-c's capacity 0 (both feeds down)
+    # with its rows drawing; ups-d was over and is under again.
+    _domain("ups-a", [500, 700, 700, 700], [600] * 4),
+    _domain("ups-b", [500] * 4, [600] * 4),
+    _domain("ups-c", [0, 0, 10, 10], [0] * 4),
+    _domain("ups-d", [700, 700, 500, 500], [600] * 4),
     # A brake now; a constant counter; a counter reset; a brake 20 minutes ago.
     _brakes("r1", "row", [0, 0, 1, 1], old=[0, 0]),
     _brakes("r1", "rack:k1", [2, 2, 2, 2]),
@@ -608,6 +632,13 @@ CASES = {
     "PolcaControlStepFailing": _case("instance", {"agg-1"}, {"agg-2", "agg-3"}),
     "PolcaNodeImplausible": _case("node", {"n1"}, {"n2", "n3"}),
     "PolcaNodeRateLimited": _case("node", {"n1"}, {"n2", "n3"}),
+    "PolcaFeedDown": Case(
+        ("domain", "feed"),
+        frozenset({("ups-a", "B")}),
+        frozenset({("ups-a", "A"), ("ups-b", "A")}),
+    ),
+    "PolcaDomainOverCapacity": _case("domain", {"ups-a", "ups-c"}, {"ups-b", "ups-d"}),
+    "PolcaRowOnFallback": _case("row", {"r1"}, {"r2", "r3"}),
 }
 
 

@@ -179,17 +179,24 @@ async def test_tls_block_gives_mutual_tls_with_the_certificate_name_as_user(
         (("polca/v1/dc1/row1/meter", "$SYS/row1"), (), "must be a plain topic"),
         (("dc1/row1/meter", "dc1/row1/control"), (), "is (or may become) another polca topic"),
         (("dc1/row1/meter", "dc1/cooling/meter"), (), "is (or may become) another polca topic"),
+        (("dc1/row1/meter", "dc1/row1/budget"), (), "is (or may become) another polca topic"),
+        (("dc1/row1/meter", "dc1/powertree/meter"), (), "is (or may become) another polca"),
         (("pdu/row2", "polca/v1/dc1/row1/meter"), (), "have the same meter topic"),
         (("name: row2", "name: row1"), (), "row 'row1' is listed twice"),
         (("site: dc1", "site: ''"), (), "site name '' is not one topic level"),
         (("name: row2", "name: aggregator"), (), "row name 'aggregator' is reserved"),
         (("name: row2", "name: cooling"), (), "row name 'cooling' is reserved"),
+        (("name: row2", "name: powertree"), (), "row name 'powertree' is reserved"),
+        (("name: node9", "name: polca-site"), (), "user names used twice"),
+        (("name: node9", "name: polca-operator"), (), "user names used twice"),
         (("racks: [rack9]", "racks: [rack8]"), (), "rack 'rack8' must be a rack of exactly one"),
         (("racks: [rack9]", "racks: [rack1]"), (), "rack rack1 is cooled by two loops"),
         (("cdu: cdu2", "cdu: cdu1"), (), "CDU 'cdu1' already drives another loop"),
         (("cdu: cdu2", "cdu: 'cdu:2'"), (), "it is the CDU's MQTT user name"),
         ((), ("--simulated-cdu", "cdu7"), "--simulated-cdu names no CDU of the configuration"),
         ((), ("--aggregator-user", "agg;reboot"), "aggregator user name 'agg;reboot' must be"),
+        ((), ("--site-user", "site;reboot"), "site controller user name 'site;reboot' must be"),
+        ((), ("--operator-user", "op erator"), "operator user name 'op erator' must be"),
     ],
     ids=[
         "duplicate-node",
@@ -201,17 +208,24 @@ async def test_tls_block_gives_mutual_tls_with_the_certificate_name_as_user(
         "sys-meter",
         "meter-on-control",
         "meter-under-cooling",
+        "meter-on-budget",
+        "meter-under-powertree",
         "shared-meter-topic",
         "dup-row",
         "empty-site",
         "reserved-row-aggregator",
         "reserved-row-cooling",
+        "reserved-row-powertree",
+        "node-named-like-the-site-controller",
+        "node-named-like-the-operator",
         "loop-rack-in-no-row",
         "rack-on-two-loops",
         "cdu-twice",
         "cdu-id-not-a-user-name",
         "unknown-simulated-cdu",
         "service-user-not-a-name",
+        "site-user-not-a-name",
+        "operator-user-not-a-name",
     ],
 )
 def test_make_acl_refuses_bad_topologies(
@@ -245,12 +259,19 @@ def test_make_acl_takes_root_user_and_instance_from_the_configuration(tmp_path: 
     assert "polca-aggregator" not in users
     assert "topic write lab/v1/dc1/aggregator/agg7/status" in users["agg-lab"]
     assert "topic read lab/v1/dc1/aggregator/agg7/#" in users["polca-viewer"]
+    assert "topic write lab/v1/dc1/+/budget" in users["polca-site"]
+    assert "topic readwrite lab/v1/dc1/powertree/limit/+" in users["polca-operator"]
     meters = {"polca/v1/dc1/row1/meter", "pdu/row2"}  # as configured, outside the root
     topics = {line.split()[-1] for lines in users.values() for line in lines}
     assert {topic for topic in topics if not topic.startswith("lab/v1/")} == meters
-    code, acl, _ = make_acl(tmp_path, TOPOLOGY + extra, "--root", "x/v2", "--aggregator-user", "a")
+    args = ("--root", "x/v2", "--aggregator-user", "a", "--site-user", "s", "--operator-user", "o")
+    code, acl, _ = make_acl(tmp_path, TOPOLOGY + extra, *args)
     assert code == 0
-    assert "topic write x/v2/dc1/row1/policy" in sections(acl)["a"]
+    users = sections(acl)
+    assert "topic write x/v2/dc1/row1/policy" in users["a"]
+    assert "topic write x/v2/dc1/powertree/state" in users["s"]
+    assert "topic read x/v2/dc1/powertree/state" in users["o"]
+    assert {"polca-site", "polca-operator"}.isdisjoint(users)
 
 
 def test_make_acl_leaves_an_unnamed_instance_open(tmp_path: Path) -> None:
@@ -270,10 +291,12 @@ def test_make_acl_passwd_commands_add_every_user(tmp_path: Path) -> None:
     assert code == 0, stderr
     added = re.findall(r"(?m)^add_user (\S+)$", script.read_text(encoding="utf-8"))
     assert added == list(sections(acl))
-    assert added[:7] == [
+    assert added[:9] == [
         "polca-aggregator",
         "polca-scheduler",
         "polca-viewer",
+        "polca-site",
+        "polca-operator",
         "meter-row1",
         "meter-row2",
         "cdu1",
@@ -303,7 +326,14 @@ def test_make_acl_covers_the_example_configuration() -> None:
     result = run_script([sys.executable, MAKE_ACL, EXAMPLE_CONFIG])
     assert result.returncode == 0, result.stderr
     users = re.findall(r"(?m)^user (\S+)$", result.stdout)
-    assert users[:4] == ["polca-aggregator", "polca-scheduler", "polca-viewer", "meter-row1"]
+    assert users[:6] == [
+        "polca-aggregator",
+        "polca-scheduler",
+        "polca-viewer",
+        "polca-site",
+        "polca-operator",
+        "meter-row1",
+    ]
     assert {"node1", "node2", "node3", "node4"} <= set(users)
     assert "topic write polca/v1/dc1/row1/rack2/node3/telemetry" in result.stdout
 

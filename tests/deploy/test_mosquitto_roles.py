@@ -24,14 +24,26 @@ import yaml
 
 from polca.aggregator.config import AggregatorSettings
 from polca.aggregator.intake import Intake
-from polca.aggregator.rollup import RowTracker
+from polca.aggregator.step import RowControl
+from polca.powertree.sitefile import load_site
+from polca.sitectl.config import SiteSettings
+from polca.sitectl.core import SiteCore
 from polca.telemetry.topics import NODE_CHANNELS, NodeAddress, NodeChannel, Topics
 from tests.deploy import mosquitto_rig as rig
 from tests.mqtt_broker import MosquittoProcess
 
 TOPICS = Topics()
 SITE = "dc1"
-SERVICES = ("polca-aggregator", "polca-scheduler", "polca-viewer", "meter", "polca-cdu-sim")
+SITE_EXAMPLE = rig.ROOT / "deploy" / "site" / "site.example.yaml"
+SERVICES = (
+    "polca-aggregator",
+    "polca-scheduler",
+    "polca-viewer",
+    "meter",
+    "polca-cdu-sim",
+    "polca-site",
+    "polca-operator",
+)
 """The service users of the pattern ACL."""
 
 Matrix = dict[str, list[str]]
@@ -101,9 +113,24 @@ P_UNIVERSE = sorted(
         TOPICS.cdu(SITE, "cdu2"),
         TOPICS.aggregator(SITE, "agg1", "status"),
         TOPICS.aggregator(SITE, "agg1", "events"),
+        # The power tree: budgets, the site report, limits (one on a domain named like the
+        # rack-control channel), here and in another site.
+        *(TOPICS.budget(SITE, row) for row in ("row1", "row2")),
+        TOPICS.budget("dc2", "row1"),
+        TOPICS.site_report(SITE),
+        TOPICS.site_report("dc2"),
+        TOPICS.budget_limit(SITE, "ups-a"),
+        TOPICS.budget_limit(SITE, "control"),
+        TOPICS.budget_limit("dc2", "ups-a"),
         "elsewhere/node1/telemetry",
     }
 )
+
+P_BUDGETS = [TOPICS.budget(SITE, "row1"), TOPICS.budget(SITE, "row2"), TOPICS.budget("dc2", "row1")]
+P_LIMITS = [TOPICS.budget_limit(SITE, "ups-a"), TOPICS.budget_limit("dc2", "ups-a")]
+"""The limits the site controller and the operator can use: not the one on a domain named
+``control`` (limitation: their rack-control denies take it)."""
+P_SITE_REPORTS = [TOPICS.site_report(SITE), TOPICS.site_report("dc2")]
 
 P_CONTROL_AND_POLICY = [
     TOPICS.row_control(SITE, "row1"),
@@ -144,6 +171,9 @@ P_WRITES = matrix(
     polca_viewer=[],
     meter=[TOPICS.meter(SITE, "row1"), TOPICS.meter(SITE, "row2")],
     polca_cdu_sim=[TOPICS.cdu(SITE, cdu) for cdu in (*P_CDUS, *SERVICES, "node1")],
+    # Budgets and the site report under any site, as every pattern-ACL service grant.
+    polca_site=[*P_BUDGETS, *P_SITE_REPORTS],
+    polca_operator=P_LIMITS,
 )
 
 P_NODE_TELEMETRY = [
@@ -187,6 +217,7 @@ P_READS = matrix(
         TOPICS.meter(SITE, "row2"),
         *(TOPICS.cdu(SITE, cdu) for cdu in (*P_CDUS, "node1")),
         *_others("polca-aggregator", "cdu"),
+        *P_BUDGETS,
     ],
     polca_scheduler=channels("row1", "rack1", "node1", "status")
     + channels("row1", "rack1", "node2", "status")
@@ -210,6 +241,13 @@ P_READS = matrix(
     ],
     meter=[],
     polca_cdu_sim=[*P_NODE_TELEMETRY, *_others("polca-cdu-sim", "node")],
+    polca_site=[
+        TOPICS.meter(SITE, "row1"),
+        TOPICS.meter(SITE, "row2"),
+        TOPICS.row_summary(SITE, "row1"),
+        *P_LIMITS,
+    ],
+    polca_operator=[*P_LIMITS, *P_SITE_REPORTS, TOPICS.row_summary(SITE, "row1"), *P_BUDGETS],
 )
 
 
@@ -260,7 +298,8 @@ async def test_pattern_acl_reads_by_role(
 
 # node1 and node2 share rack1, node3 is in rack2 of the same row, node9 in row2. Row1's
 # meter publishes outside polca's root; row2's on the default topic. loop1 (CDU cdu1)
-# cools rack1 and rack2, loop2 (cdu2, a `polca cdu simulate`) cools rack9.
+# cools rack1 and rack2, loop2 (cdu2, a `polca cdu simulate`) cools rack9. Both rows take
+# the site controller's budgets (fallback_budget_w).
 S_TOPOLOGY = """\
 site: dc1
 instance: agg1
@@ -270,6 +309,7 @@ mqtt:
 rows:
   - name: row1
     budget_w: 120000
+    fallback_budget_w: 100000
     meter_topic: pdu/dc1/row1/power
     racks:
       - name: rack1
@@ -281,6 +321,7 @@ rows:
           - {name: node3, non_gpu_w: 1200}
   - name: row2
     budget_w: 60000
+    fallback_budget_w: 50000
     racks:
       - name: rack9
         nodes:
@@ -297,6 +338,8 @@ S_USERS = (
     "polca-aggregator",
     "polca-scheduler",
     "polca-viewer",
+    "polca-site",
+    "polca-operator",
     "meter-row1",
     "meter-row2",
     "cdu1",
@@ -330,9 +373,24 @@ S_UNIVERSE = sorted(
         TOPICS.aggregator(SITE, "agg1", "status"),
         TOPICS.aggregator(SITE, "agg1", "events"),
         TOPICS.aggregator(SITE, "agg2", "status"),
+        # The power tree: budgets (of a row outside the topology too), the site report,
+        # limits (one on a domain named like the rack-control channel), and another site's.
+        *(TOPICS.budget(SITE, row) for row in ("row1", "row2", "row3")),
+        TOPICS.budget("dc2", "row1"),
+        TOPICS.site_report(SITE),
+        TOPICS.site_report("dc2"),
+        TOPICS.budget_limit(SITE, "ups-a"),
+        TOPICS.budget_limit(SITE, "control"),
+        TOPICS.budget_limit("dc2", "ups-a"),
         "elsewhere/node1/telemetry",
     }
 )
+
+S_BUDGETS = [TOPICS.budget(SITE, row) for row in ("row1", "row2", "row3")]
+"""The site's budgets: the site controller's and the operator's grants are site-wide (the
+site file's rows, whichever aggregator owns them)."""
+S_LIMITS = [TOPICS.budget_limit(SITE, "ups-a"), TOPICS.budget_limit(SITE, "control")]
+S_SUMMARIES = [TOPICS.row_summary(SITE, row) for row in ("row1", "row2")]
 
 S_CONTROLLED = [
     TOPICS.row_control(SITE, "row1"),
@@ -359,6 +417,8 @@ S_WRITES = matrix(
         TOPICS.aggregator(SITE, "agg1", "events"),
     ],
     polca_viewer=[],
+    polca_site=[*S_BUDGETS, TOPICS.site_report(SITE)],
+    polca_operator=S_LIMITS,
 )
 
 S_READS = matrix(
@@ -395,6 +455,8 @@ S_READS = matrix(
         TOPICS.meter(SITE, "row2"),
         TOPICS.cdu(SITE, "cdu1"),
         TOPICS.cdu(SITE, "cdu2"),
+        TOPICS.budget(SITE, "row1"),
+        TOPICS.budget(SITE, "row2"),
     ],
     polca_viewer=[
         *(
@@ -409,7 +471,19 @@ S_READS = matrix(
         *(TOPICS.loop_alarms(SITE, loop) for loop in ("loop1", "loop2")),
         TOPICS.aggregator(SITE, "agg1", "status"),
         TOPICS.aggregator(SITE, "agg1", "events"),
+        TOPICS.site_report(SITE),
+        *S_LIMITS,
     ],
+    # Every row's meter (row1's unused default topic too) and summary, the limits.
+    polca_site=[
+        ROW1_METER,
+        TOPICS.meter(SITE, "row1"),
+        TOPICS.meter(SITE, "row2"),
+        *S_SUMMARIES,
+        *S_LIMITS,
+    ],
+    # Its own limits read back, the site report, the rows' summaries and budgets.
+    polca_operator=[*S_LIMITS, TOPICS.site_report(SITE), *S_SUMMARIES, *S_BUDGETS],
 )
 
 
@@ -462,16 +536,19 @@ async def test_strict_acl_reads_by_role(
 
 
 def test_strict_aggregator_reads_are_its_subscriptions() -> None:
-    """The aggregator's reads in S_READS are what its intake subscribes to, except a node's
-    topics outside its place (node1 under rack2 and row2): the ACL lets the aggregator read
-    them, its subscriptions name each node of the topology where it is."""
+    """The aggregator's reads in S_READS are what its intake subscribes to (the rows'
+    budgets included), except a node's topics outside its place (node1 under rack2 and
+    row2): the ACL lets the aggregator read them, its subscriptions name each node of the
+    topology where it is."""
     settings = AggregatorSettings.model_validate(yaml.safe_load(S_TOPOLOGY))
+    rows = RowControl(settings, epoch_ns=0)
     intake = Intake(
         site=settings.site,
         topics=Topics(settings.topic_root),
-        trackers={row.name: RowTracker(row) for row in settings.rows},
+        trackers=rows.trackers,
         issuer=settings.instance,
         cdus=tuple(loop.cdu for loop in settings.cooling.loops),
+        budgets=rows.budgets,
     )
     shards = intake.node_subscriptions(settings.intake.connections)
     filters = [topic_filter for topic_filter, _ in intake.subscriptions()]
@@ -485,6 +562,26 @@ def test_strict_aggregator_reads_are_its_subscriptions() -> None:
         node("row2", "rack9", "node1", "telemetry"),
     }
     assert sorted(subscribed) == sorted(set(S_READS["polca-aggregator"]) - misplaced)
+
+
+def site_controller_filters() -> list[str]:
+    """What ``polca site run`` subscribes to for the site example's tree in SITE, with
+    row1's meter topic among its ``meter_topics``."""
+    settings = SiteSettings(site=SITE, instance="site1", meter_topics=(ROW1_METER,))
+    core = SiteCore(settings, load_site(SITE_EXAMPLE), epoch_ns=0)
+    return [topic_filter for topic_filter, _ in core.subscriptions()]
+
+
+def test_strict_site_controller_reads_cover_its_subscriptions() -> None:
+    """Every topic of the universe the site controller subscribes to (every row's meters,
+    the site file's rows' summaries) is one of its reads in S_READS, and it may read
+    nothing beyond them but the limits (granted for any domain: the domains are the site
+    file's)."""
+    filters = site_controller_filters()
+    subscribed = {t for t in S_UNIVERSE if any(aiomqtt.Topic(t).matches(f) for f in filters)}
+    reads = set(S_READS["polca-site"])
+    assert subscribed <= reads
+    assert reads - subscribed <= set(S_LIMITS)
 
 
 # --- Last Wills -------------------------------------------------------------------------

@@ -137,6 +137,10 @@ def metrics(path: Path) -> dict[str, float]:
         ("polca-status-789", "node3", "mismatch"),
         ("polca-meter-dc1", "meter-row1", "ok"),
         ("polca-meter-dc1", "node1", "mismatch"),
+        ("polca-site-dc1-site1", "polca-site", "ok"),
+        ("polca-site-dc1-site1", "polca-aggregator", "mismatch"),
+        ("polca-budget-123-456", "polca-operator", "ok"),
+        ("polca-budget-123-456", "polca-site", "mismatch"),
         # Ids that name no owner are not judged.
         ("node1-custom", "node2", "unchecked"),
         ("polca-demo-cdus", "node2", "unchecked"),
@@ -180,6 +184,7 @@ def test_the_default_users_are_make_auths() -> None:
     users = script.Users()
     assert users.aggregators == {services.aggregator}
     assert (users.scheduler, users.viewer) == (services.scheduler, services.viewer)
+    assert (users.site, users.operator) == (services.site, services.operator)
     assert services.meter("row1").startswith(users.meter_prefix)
     assert script.owner("polca-meter-dc1", users).allows(services.meter("row7"))
 
@@ -422,6 +427,8 @@ OWN_IDS = [
     (1, "meter-row1", "polca-meter-dc1"),
     (0, "polca-scheduler", "polca-assign-4242-17"),
     (1, "polca-viewer", "polca-status-99"),
+    (2, "polca-site", "polca-site-dc1-site1"),
+    (0, "polca-operator", "polca-budget-4242-18"),
     (2, OBSERVER, "polca-test-observer-1"),
 ]
 """Every role on its own client id (spread over the nodes), and a test client's id."""
@@ -440,7 +447,7 @@ def test_every_client_on_its_own_id_passes(
         whole = script.server_clients(cluster.nodes[0].url(""), script.http_get)
     assert (result.returncode, result.stderr) == (0, ""), result.stdout + result.stderr
     assert result.stdout.splitlines() == [
-        "0 client id mismatch(es) among 9 MQTT client(s) on 3 server(s): 8 checked, 1 unchecked"
+        "0 client id mismatch(es) among 11 MQTT client(s) on 3 server(s): 10 checked, 1 unchecked"
     ]
     assert paged == whole
     assert paged[0] == "nats-0"

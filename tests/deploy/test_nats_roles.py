@@ -50,6 +50,7 @@ from tests.deploy.test_mosquitto_roles import (
     SITE,
     TOPICS,
     node,
+    site_controller_filters,
 )
 from tests.mqtt_broker import make_tls_files
 from tests.mqtt_wire import connect_packet, mqtt_client, vanish_with_will
@@ -85,6 +86,22 @@ WIDE_READS: dict[str, list[str]] = {
 }
 """The filters polca's tools subscribe with that are wider than the strict ACL's grants,
 built here from polca's own ``Topics``; make-auth.py grants them on NATS."""
+
+POWER_TREE_FILTERS: dict[str, list[str]] = {
+    # polca site run (polca/sitectl/core.py, SiteCore.subscriptions), and the limit on a
+    # domain of its tree that it takes.
+    "polca-site": [*site_controller_filters(), TOPICS.budget_limit(SITE, "ups-a")],
+    # polca budget (polca/sitectl/budget.py): the site report, the rows' budgets and
+    # summaries, and the limit it sets read back.
+    "polca-operator": [
+        TOPICS.site_report(SITE),
+        TOPICS.budget(SITE, "+"),
+        TOPICS.row_summary(SITE, "+"),
+        TOPICS.budget_limit(SITE, "ups-a"),
+    ],
+}
+"""What the site controller and the operator subscribe to: within their site-wide grants,
+so make-auth.py widens nothing for them."""
 
 
 def _nats_reads() -> dict[str, list[str]]:
@@ -321,6 +338,23 @@ async def test_qos1_needs_no_internal_grants(roles: tuple[NatsCluster, dict[str,
                 if message.payload == b"qos1 control":
                     assert message.qos == 1
                     break
+
+
+async def test_the_power_tree_roles_filters_are_granted_and_no_more(
+    roles: tuple[NatsCluster, dict[str, str]],
+) -> None:
+    """The site controller's and the operator's subscriptions are granted as they make
+    them; each one's filter of a topic only the other reads, and ``#``, are refused."""
+    cluster, passwords = roles
+    refused = {
+        "polca-site": [TOPICS.site_report(SITE), TOPICS.budget(SITE, "+"), "#"],
+        "polca-operator": [TOPICS.meter(SITE, "+"), TOPICS.row_control(SITE, "+"), "#"],
+    }
+    for index, (user, filters) in enumerate(POWER_TREE_FILTERS.items()):
+        async with connected(cluster, index, user, passwords[user]) as client:
+            codes = await client.subscribe([(f, 1) for f in [*filters, *refused[user]]])
+            want = [True] * len(filters) + [False] * len(refused[user])
+            assert granted(codes) == want, user
 
 
 async def test_polca_tools_filters_are_granted(roles: tuple[NatsCluster, dict[str, str]]) -> None:

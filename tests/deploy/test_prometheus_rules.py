@@ -33,7 +33,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_rules() -> None:
     result = _promtool("check", "rules", RULES.name)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 18 rules found" in result.stdout
+    assert "SUCCESS: 22 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_fire_and_stay_silent() -> None:

@@ -15,13 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polca.aggregator import points
+from polca.aggregator.step import RowResult, StepResult
 from polca.cooling.alarms import AlarmEvent
 from polca.cooling.loops import LoopSpec
-from polca.cooling.supervisor import LoopAssessment, LoopSupervisor
+from polca.cooling.supervisor import CoolingStep, LoopAssessment, LoopSupervisor
 from polca.export import gpus
 from polca.export.points import AnyPoint, LineTemplate, Point, encode_lines, make_point
 from polca.export.schema import BULK_MEASUREMENTS, ESSENTIAL_MEASUREMENTS, SCHEMA
 from polca.telemetry.schema import CduTelemetry, Control, Event, GpuTelemetry, Telemetry
+from tests.aggregator import test_budgets as budget_rig
 from tests.tsdb import InfluxDB1Process, VictoriaMetricsProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -714,3 +716,56 @@ def test_every_measurement_is_essential_or_bulk() -> None:
     # What the nodes' messages multiply is bulk; what the aggregator decided is essential.
     assert {"gpu", "gpu_cap", "gpu_health", "gpu_workload", "agent", "event"} == BULK_MEASUREMENTS
     assert {"row", "rack", "node", "control", "cooling_alarm"} <= ESSENTIAL_MEASUREMENTS
+
+
+_NO_COOLING = CoolingStep(
+    loops={}, events=(), rack_thermal_budget_w={}, forced_levels={}, emergency_racks=()
+)
+
+
+def _row_point_of(row: RowResult) -> AnyPoint:
+    written = points.step_points(
+        StepResult(now_ns=TS_NS, cooling=_NO_COOLING, rows=(row,)), site="dc1", instance="a"
+    )
+    (point,) = [p for p in written if p.measurement == "row"]
+    return point
+
+
+def test_the_row_point_says_which_budget_the_row_runs_on(tmp_path: Path) -> None:
+    """The row's electrical budget and its origin: its fallback until a lease comes (and
+    ``on_fallback``), the lease limited by the site's domain, its own feeds once one is
+    down; the configured and effective budgets as before."""
+    core = budget_rig._core(tmp_path)
+    fallback = _row_point_of(budget_rig._step(core, 1.0))
+    assert fallback.fields["budget_origin"] == "fallback"
+    assert fallback.fields["on_fallback"] == 1.0
+    assert fallback.fields["electrical_budget_w"] == 6_000.0
+    assert fallback.fields["effective_budget_w"] == 6_000.0
+    assert fallback.fields["budget_w"] == 10_000.0
+    assert "leased_budget_w" not in fallback.fields
+    assert "budget_limited_by" not in fallback.fields
+    budget_rig._send(core, "budget", budget_rig._budget(8_000.0), now_s=1.5)
+    leased = _row_point_of(budget_rig._step(core, 2.0))
+    assert (leased.fields["budget_origin"], leased.fields["on_fallback"]) == ("lease", 0.0)
+    assert leased.fields["leased_budget_w"] == leased.fields["electrical_budget_w"] == 8_000.0
+    assert leased.fields["budget_limited_by"] == "ups-a"
+    down = budget_rig._meter(states={"pdu-a": "up", "pdu-b": "down"})
+    budget_rig._send(core, "meter", down, now_s=2.5)
+    feeds = _row_point_of(budget_rig._step(core, 3.0))
+    assert (feeds.fields["budget_origin"], feeds.fields["on_fallback"]) == ("feeds", 0.0)
+    assert feeds.fields["electrical_budget_w"] == 6_000.0
+    assert feeds.fields["leased_budget_w"] == 8_000.0
+    assert feeds.fields["budget_limited_by"] == "feed B"
+    for point in (fallback, leased, feeds):
+        for name, value in point.fields.items():
+            assert type(value) is SCHEMA["row"].field_type(name), name
+    line = feeds.to_line()
+    assert 'budget_origin="feeds"' in line
+    assert 'budget_limited_by="feed B"' in line
+
+
+def test_a_row_without_site_budgets_runs_on_its_configuration(tmp_path: Path) -> None:
+    core = budget_rig._core(tmp_path, fallback_budget_w=None, feeds=[])
+    point = _row_point_of(budget_rig._step(core, 1.0))
+    assert (point.fields["budget_origin"], point.fields["on_fallback"]) == ("config", 0.0)
+    assert point.fields["electrical_budget_w"] == 10_000.0

@@ -10,7 +10,8 @@ from polca.export import gpus
 from polca.export.points import AnyPoint, make_point
 from polca.export.prometheus import PrometheusSink
 from polca.gpu.backend import CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN, CLOCK_EVENT_SW_POWER_CAP
-from polca.telemetry.schema import GpuHealthReport, Telemetry
+from polca.sitectl.core import DomainLimit
+from polca.telemetry.schema import GpuHealthReport, SourceState, Telemetry
 from tests.export.test_points import TS_NS, _gpu
 from tests.export.test_points import _telemetry as telemetry_of
 
@@ -136,6 +137,7 @@ def test_every_family_is_documented() -> None:
     from pathlib import Path
 
     from polca.export.prometheus import (
+        BUDGET_ORIGIN_FAMILY,
         CLOCK_EVENT_FAMILY,
         DROPPED_FAMILY,
         FAMILIES,
@@ -150,6 +152,7 @@ def test_every_family_is_documented() -> None:
         CLOCK_EVENT_FAMILY,
         DROPPED_FAMILY,
         IMPLAUSIBLE_FAMILY,
+        BUDGET_ORIGIN_FAMILY,
     ]:
         assert f"`{name}`" in text, name
 
@@ -276,3 +279,73 @@ def test_a_gpus_class_origin_and_workload_become_an_info_series() -> None:
         "llm-0",
         "server",
     )
+
+
+def test_the_power_tree_becomes_its_families_and_a_cleared_limit_goes_at_once() -> None:
+    """The site controller's points: each domain's capacity, budget and power in watts, a
+    feed down as 0, the rows' leased budgets; written whole (snapshots), so a limit that
+    is no longer written leaves no series behind."""
+    from polca.sitectl.points import TREE_MEASUREMENTS
+    from tests.sitectl.test_core import _core, _meter, _msg
+    from tests.sitectl.test_points import _points
+
+    sink = PrometheusSink("127.0.0.1:0", clock=_Clock(), snapshots=TREE_MEASUREMENTS)
+    core = _core()
+    core.set_limit("ups-a", DomainLimit(200_000, until_s=None, reason="service", by="ops"))
+    core.receive(_msg("row1/meter", _meter({"pdu-b": SourceState(equipment="down")})), 1.0)
+    sink.write(_points(core, 1.0))
+    metrics = _scrape(sink)
+    ups = {"site": "dc1", "domain": "ups-a", "kind": "ups"}
+    assert metrics["polca_power_domain_capacity_watts"] == [(ups, 200_000.0)]
+    assert metrics["polca_power_domain_unlimited_capacity_watts"] == [(ups, 600_000.0)]
+    assert metrics["polca_power_domain_limit_watts"] == [(ups, 200_000.0)]
+    assert metrics["polca_power_domain_rating_watts"] == [(ups, 600_000.0)]
+    assert metrics["polca_power_domain_feeds_down"] == [(ups, 1.0)]
+    up = {labels["feed"]: value for labels, value in metrics["polca_power_feed_up"]}
+    assert up == {"A": 1.0, "B": 0.0}
+    limited = {labels["row"]: v for labels, v in metrics["polca_power_row_limited"]}
+    assert limited == {"row1": 1.0, "row2": 1.0}
+    assert {labels["row"] for labels, _ in metrics["polca_power_row_budget_watts"]} == {
+        "row1",
+        "row2",
+    }
+    core.set_limit("ups-a", None)
+    sink.write(_points(core, 2.0))
+    metrics = _scrape(sink)
+    assert "polca_power_domain_limit_watts" not in metrics
+    assert metrics["polca_power_domain_capacity_watts"] == [(ups, 600_000.0)]
+
+
+def test_the_rows_budget_origin_is_one_series_per_origin() -> None:
+    """``row.budget_origin`` (a string) as 1 for the origin in force and 0 for the others;
+    the electrical and leased budgets and ``on_fallback`` as gauges."""
+    sink = PrometheusSink("127.0.0.1:0", clock=_Clock())
+
+    def row(origin: str, **fields: float) -> list[AnyPoint]:
+        values: dict[str, object] = {"budget_origin": origin, **fields}
+        tags = {"site": "s1", "row": "row1"}
+        return [make_point("row", ts_ns=TS_NS, tags=tags, fields=values)]  # type: ignore[arg-type]
+
+    sink.write(row("fallback", electrical_budget_w=6000.0, on_fallback=1.0))
+    metrics = _scrape(sink)
+    origins = {labels["origin"]: v for labels, v in metrics["polca_row_budget_origin"]}
+    assert origins == {"config": 0.0, "lease": 0.0, "fallback": 1.0, "feeds": 0.0}
+    assert metrics["polca_row_on_fallback"] == [({"site": "s1", "row": "row1"}, 1.0)]
+    assert metrics["polca_row_electrical_budget_watts"][0][1] == 6000.0
+    sink.write(row("lease", electrical_budget_w=8000.0, leased_budget_w=8000.0, on_fallback=0.0))
+    metrics = _scrape(sink)
+    origins = {labels["origin"]: v for labels, v in metrics["polca_row_budget_origin"]}
+    assert origins == {"config": 0.0, "lease": 1.0, "fallback": 0.0, "feeds": 0.0}
+    assert metrics["polca_row_leased_budget_watts"][0][1] == 8000.0
+
+
+def test_every_measurement_but_the_audit_ones_has_families() -> None:
+    """A new measurement needs its families (or a reason to have none, named here)."""
+    from polca.export.prometheus import FAMILIES
+    from polca.export.schema import SCHEMA
+
+    # Text for annotations and tables (events, alarms, who led): no number to serve.
+    audit = {"event", "cooling_alarm", "leadership"}
+    assert set(SCHEMA) - {f.measurement for f in FAMILIES} == audit
+    for family in FAMILIES:
+        assert SCHEMA[family.measurement].field_type(family.field) in (float, int), family

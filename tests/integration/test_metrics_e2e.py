@@ -75,7 +75,7 @@ async def test_prometheus_scrapes_row_node_gpu_and_health_families(
             ]
             groups = (await asyncio.to_thread(prometheus.api, "/api/v1/rules"))["groups"]
             rules = [rule for group in groups for rule in group["rules"]]
-            assert len(rules) == 18  # deploy/prometheus/polca-rules.yml
+            assert len(rules) == 22  # deploy/prometheus/polca-rules.yml
             assert {rule["health"] for rule in rules} == {"ok"}
     finally:
         cluster.kill_all()

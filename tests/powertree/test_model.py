@@ -198,3 +198,18 @@ def test_any_data_is_a_tree_or_problems_never_an_exception(data: object) -> None
     for problem in problems:
         assert isinstance(problem.where(), str)
         assert problem.message
+
+
+def test_names_that_collide_with_polca_topics_are_refused() -> None:
+    tree, problems = build_tree(
+        {
+            "rows": {"powertree": {"rating_w": 1}, "row1": {"rating_w": 1}},
+            "domains": {
+                "control": {"kind": "ups", "rating_w": 10, "supplies": ["row1"]},
+            },
+        }
+    )
+    assert tree is None
+    where = {p.where(): p.message for p in problems}
+    assert "reserved" in where["rows.powertree"]
+    assert "reserved" in where["domains.control"]

@@ -92,7 +92,9 @@ def test_check_prints_the_tree_or_the_problems(tmp_path: Path) -> None:
 
     assert run_check([EXAMPLE], out=_Sink(out), err=_Sink(err)) == 0  # type: ignore[arg-type]
     assert "ok (3 domains, 2 feeds, 2 rows)" in out[0]
-    assert any("feed B: 500,000 W (pdu-b1, pdu-b2; dark means down)" in line for line in out)
+    assert any(
+        "feed B: 500,000 W (row1/pdu-b, row2/pdu-b; dark means down)" in line for line in out
+    )
     assert err == []
     assert run_check([EXAMPLE, bad], out=_Sink(out), err=_Sink(err)) == 1  # type: ignore[arg-type]
     assert len(err) == 4

@@ -30,6 +30,7 @@ from polca.settings import (
     TopicRoot,
 )
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES, MAX_ROW_NODES, MAX_ROW_RACKS
+from polca.telemetry.topics import RESERVED_ROW_NAMES
 
 MAX_BUDGET_W = 1e9
 """A row's or rack's budget: 1 GW, beyond any real power domain. With the node bounds
@@ -40,8 +41,6 @@ MAX_GPU_W = 1e4
 """One GPU's declared or assumed maximum power."""
 
 _NAME = TOPIC_SEGMENT
-RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator", "powertree"})
-"""Levels under a site that polca's own topics use (see ``polca.telemetry.topics``)."""
 
 
 class _Model(BaseModel):

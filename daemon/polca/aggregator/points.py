@@ -352,6 +352,7 @@ def _meter_text(change: TrustChange) -> str:
 
 def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
     rollup, decision, budgets = row.rollup, row.decision, row.budgets
+    electrical = row.electrical
     thresholds = {f"threshold_{i + 1}_w": t for i, t in enumerate(decision.thresholds_w[:3])}
     out = [
         row_point(
@@ -371,6 +372,11 @@ def _row_points(row: RowResult, *, now_ns: int, site: str) -> list[Point]:
             nodes_offline=float(len(rollup.offline_nodes)),
             meter_trusted=None if rollup.meter_trusted is None else float(rollup.meter_trusted),
             meter_refusals=rollup.meter_refusals if rollup.meter_trusted is not None else None,
+            electrical_budget_w=electrical.budget_w,
+            budget_origin=electrical.origin,
+            budget_limited_by=electrical.limited_by,
+            leased_budget_w=electrical.leased_w,
+            on_fallback=1.0 if electrical.origin == "fallback" else 0.0,
             **thresholds,
         ),
         control_point_from(decision.control, site=site, brakes=decision.brakes),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -33,6 +34,7 @@ from polca.export.points import AnyPoint
 from polca.export.sink import SinkStats
 from polca.gpu.backend import CLOCK_EVENT_NAMES
 from polca.settings import MetricsSettings
+from polca.telemetry.schema import BudgetOrigin
 
 Kind = Literal["gauge", "counter"]
 _LABELS: Final = {"gpu_index": "gpu", "gpu_uuid": "uuid"}
@@ -275,6 +277,25 @@ FAMILIES: Final[tuple[Family, ...]] = (
         "polca_row_meter_refusals_total",
         "Meter readings refused (implausible, under-reading or frozen) since start.",
     ),
+    _f(
+        "row",
+        "electrical_budget_w",
+        "polca_row_electrical_budget_watts",
+        "Electrical budget the row runs on: the least of its own, the site controller's "
+        "lease (or its fallback once the lease lapsed) and its feeds up.",
+    ),
+    _f(
+        "row",
+        "leased_budget_w",
+        "polca_row_leased_budget_watts",
+        "The site controller's budget while its lease is valid (absent: none).",
+    ),
+    _f(
+        "row",
+        "on_fallback",
+        "polca_row_on_fallback",
+        "1 while the row runs on its fallback budget (no valid lease from the site controller).",
+    ),
     _f("control", "level", "polca_control_level", "Level of each control scope."),
     _f("control", "lease_s", "polca_control_lease_seconds", "Lease granted per message."),
     _f(
@@ -365,12 +386,101 @@ FAMILIES: Final[tuple[Family, ...]] = (
     ),
     _f("oob", "capped", "polca_oob_capped", "1 while the node is capped through its BMC."),
     _f("oob", "limit_w", "polca_oob_limit_watts", "The BMC's limit read back after a write."),
+    # The power tree, from the site controller (its leader only).
+    _f(
+        "power_domain",
+        "capacity_w",
+        "polca_power_domain_capacity_watts",
+        "What the domain can carry now: its rating, its feeds up, a UPS on battery, a limit.",
+    ),
+    _f(
+        "power_domain",
+        "unlimited_w",
+        "polca_power_domain_unlimited_capacity_watts",
+        "The domain's capacity now without the operators' limit.",
+    ),
+    _f(
+        "power_domain",
+        "budget_w",
+        "polca_power_domain_budget_watts",
+        "What the allocation lets the domain's rows draw now.",
+    ),
+    _f(
+        "power_domain",
+        "nominal_w",
+        "polca_power_domain_nominal_watts",
+        "The domain's share with every feed up (the design), for the same demand.",
+    ),
+    _f(
+        "power_domain",
+        "measured_w",
+        "polca_power_domain_measured_watts",
+        "Power the domain's rows draw, from their summaries.",
+    ),
+    _f("power_domain", "rating_w", "polca_power_domain_rating_watts", "The domain's rating."),
+    _f(
+        "power_domain",
+        "limit_w",
+        "polca_power_domain_limit_watts",
+        "An operator's limit on the domain (absent: none).",
+    ),
+    _f(
+        "power_domain",
+        "on_battery",
+        "polca_power_domain_on_battery",
+        "1 while a UPS is on battery.",
+    ),
+    _f("power_domain", "feeds_up", "polca_power_domain_feeds_up", "The domain's feeds up."),
+    _f("power_domain", "feeds_down", "polca_power_domain_feeds_down", "The domain's feeds down."),
+    _f("power_feed", "up", "polca_power_feed_up", "1 while the feed counts as up, 0 once down."),
+    _f("power_feed", "rating_w", "polca_power_feed_rating_watts", "The feed's rating."),
+    _f(
+        "power_feed",
+        "dark_polls",
+        "polca_power_feed_dark_polls",
+        "Consecutive meter polls in which none of the feed's sources answered.",
+    ),
+    _f(
+        "row_budget",
+        "budget_w",
+        "polca_power_row_budget_watts",
+        "The budget the site controller leases the row now.",
+    ),
+    _f(
+        "row_budget",
+        "nominal_w",
+        "polca_power_row_nominal_watts",
+        "The row's share with every feed up (the design).",
+    ),
+    _f(
+        "row_budget",
+        "measured_w",
+        "polca_power_row_measured_watts",
+        "The row's power from its summary (absent: none yet).",
+    ),
+    _f("row_budget", "rating_w", "polca_power_row_rating_watts", "The row's rating."),
+    _f(
+        "row_budget",
+        "limited",
+        "polca_power_row_limited",
+        "1 while a domain's cut (a feed down, a UPS on battery, a limit) holds the row below "
+        "its nominal share.",
+    ),
+    _f(
+        "row_budget",
+        "stale",
+        "polca_power_row_stale",
+        "1 while the row's summary is late (its last demand is used).",
+    ),
 )
 _BY_MEASUREMENT: Final = {
     m: tuple(f for f in FAMILIES if f.measurement == m) for m in {f.measurement for f in FAMILIES}
 }
 _CATALOGUE: Final = {f.name: f for f in FAMILIES}  # one Family stands for its name
 CLOCK_EVENT_FAMILY: Final = "polca_gpu_clock_event_active"
+BUDGET_ORIGIN_FAMILY: Final = "polca_row_budget_origin"
+"""From ``row.budget_origin``: one series per origin, 1 for the one in force."""
+BUDGET_ORIGINS: Final = typing.get_args(BudgetOrigin)
 DROPPED_FAMILY: Final = "polca_aggregator_messages_dropped_total"
 IMPLAUSIBLE_FAMILY: Final = "polca_aggregator_implausible_telemetry_total"
 _BY_REASON: Final = {"dropped_": DROPPED_FAMILY, "implausible_": IMPLAUSIBLE_FAMILY}
@@ -428,6 +538,8 @@ class _Series(Collector):
 
 _EXTRA_HELP: Final = {
     CLOCK_EVENT_FAMILY: "1 while NVML reports this clock event reason for the GPU.",
+    BUDGET_ORIGIN_FAMILY: "1 for where the row's electrical budget comes from now "
+    "(config, lease, fallback, feeds), 0 for the others.",
     DROPPED_FAMILY: "MQTT messages the aggregator dropped, by reason.",
     IMPLAUSIBLE_FAMILY: "Telemetry messages held to their node's plausible bound, by reason.",
 }
@@ -502,6 +614,16 @@ class PrometheusSink:
                                 CLOCK_EVENT_FAMILY,
                                 (*labels, ("reason", reason)),
                                 1.0 if mask & bit else 0.0,
+                                now,
+                            )
+                elif point.measurement == "row":
+                    origin = fields.get("budget_origin")
+                    if isinstance(origin, str):
+                        for name in BUDGET_ORIGINS:
+                            self.series.set(
+                                BUDGET_ORIGIN_FAMILY,
+                                (*labels, ("origin", name)),
+                                1.0 if origin == name else 0.0,
                                 now,
                             )
                 elif point.measurement == "aggregator":

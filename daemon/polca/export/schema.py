@@ -227,8 +227,11 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
             "nodes_stale",
             "nodes_offline",
             "meter_trusted",
+            "electrical_budget_w",
+            "leased_budget_w",
+            "on_fallback",
         )
-        | {"meter_refusals": int},
+        | {"meter_refusals": int, "budget_origin": str, "budget_limited_by": str},
     ),
     "control": MeasurementSchema(
         tags=("site", "row", "scope"),
@@ -323,6 +326,32 @@ SCHEMA: Final[Mapping[str, MeasurementSchema]] = {
             "detail": str,
         },
     ),
+    "power_domain": MeasurementSchema(
+        tags=("site", "domain", "kind"),
+        fields=_floats(
+            "capacity_w",
+            "unlimited_w",
+            "budget_w",
+            "nominal_w",
+            "measured_w",
+            "rating_w",
+            "limit_w",
+            "on_battery",
+            "feeds_up",
+            "feeds_down",
+        ),
+    ),
+    "power_feed": MeasurementSchema(
+        tags=("site", "domain", "feed"),
+        fields={"up": float, "rating_w": float, "dark_polls": float, "equipment": str},
+    ),
+    "row_budget": MeasurementSchema(
+        tags=("site", "row"),
+        fields={
+            **_floats("budget_w", "nominal_w", "measured_w", "rating_w", "limited", "stale"),
+            "limited_by": str,
+        },
+    ),
 }
 """Measurement -> tags and typed fields. ``docs/influxdb.md`` documents exactly this."""
 
@@ -338,13 +367,18 @@ ESSENTIAL_MEASUREMENTS: Final[frozenset[str]] = frozenset(
         "aggregator",
         "oob",
         "mqtt",
+        "power_domain",
+        "power_feed",
+        "row_budget",
     }
 )
 """The measurements a sink must keep before any other: a sink's *essential* class.
 
 Why: they are what the aggregator itself decided and measured, a few points per rack and
 row per control step, and what operators need to reconstruct an incident (the row's power
-against its budget, the level and control issued, cooling alarms, who led). The *bulk*
+against its budget, the level and control issued, cooling alarms, who led); and what the
+site controller decided of the power tree (``power_domain``, ``power_feed``, ``row_budget``:
+a few points per domain, feed and row per allocation). The *bulk*
 class (``BULK_MEASUREMENTS``) is what nodes send in quantity: its size is set by the
 nodes (a schema-valid telemetry message may list 1,024 GPUs, a node may publish events at
 will), so under a stalled database it must never crowd the essential points out. A sink

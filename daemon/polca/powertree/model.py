@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeGuard, get_args
 
 from polca.settings import TOPIC_SEGMENT
+from polca.telemetry.topics import RESERVED_DOMAIN_NAMES, RESERVED_ROW_NAMES
 
 __all__ = [
     "MAX_NAMES",
@@ -61,6 +62,11 @@ MAX_NAMES = 4096
 MAX_RATING_W = 1e10
 """10 GW: above any site; a larger rating is a typing error."""
 _NAME = re.compile(TOPIC_SEGMENT)  # rows and domains name topics
+RESERVED_NAMES: Mapping[str, frozenset[str]] = {
+    "rows": RESERVED_ROW_NAMES,
+    "domains": RESERVED_DOMAIN_NAMES,
+}
+"""Names a row or a domain may not have (polca's own topic levels)."""
 _DOMAIN_KEYS = frozenset({"kind", "rating_w", "battery_w", "feeds", "supplies", "oversubscribed"})
 _FEED_KEYS = frozenset({"name", "rating_w", "sources", "loss_means_down"})
 _ROW_KEYS = frozenset({"rating_w"})
@@ -303,9 +309,15 @@ def _named(raw: object, loc: Loc, problems: list[Problem]) -> list[tuple[str, ob
         problems.append(Problem(loc, f"more than {MAX_NAMES} entries"))
         return []
     out: list[tuple[str, object]] = []
+    reserved = RESERVED_NAMES[str(loc[-1])] if loc[-1] in RESERVED_NAMES else frozenset()
     for name, value in raw.items():
         if not isinstance(name, str) or not _NAME.match(name):
             problems.append(Problem((*loc, str(name)), "a name is 1-128 of A-Za-z0-9_.-"))
+            continue
+        if name in reserved:
+            problems.append(
+                Problem((*loc, name), f"{name!r} is reserved (a polca topic level)", key=True)
+            )
             continue
         out.append((name, value))
     return out

@@ -5,8 +5,9 @@
   message`` each, on stderr), 2 no file given (argparse).
 - ``polca site run --config FILE``: the site controller (``sitectl/runtime.py``): reads the
   meters and the rows' summaries, shares each domain's live capacity by priority and
-  publishes each row's leased budget. Exit codes as every daemon's (``polca.exits``): 78
-  for a bad configuration or site file.
+  publishes each row's leased budget; the leader writes the tree's points to the sinks
+  ``influx`` and ``metrics.address`` ask for. Exit codes as every daemon's
+  (``polca.exits``): 78 for a bad configuration or site file.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from polca.exits import run_process
 from polca.powertree.sitefile import SiteFileError, describe, load_site
 
 if TYPE_CHECKING:
+    from polca.export.sink import Sink
     from polca.sitectl.config import SiteSettings
 
 __all__ = ["add_parsers", "main", "run_check"]
@@ -62,7 +64,22 @@ async def _run(args: argparse.Namespace, settings: SiteSettings) -> None:
     from polca.sitectl.runtime import SiteController  # noqa: PLC0415
 
     tree = load_site(settings.tree_file)  # a bad site file: every problem, exit 78
-    await SiteController(settings, tree).run(duration_s=args.duration)
+    await SiteController(settings, tree, sinks=_sinks(settings)).run(duration_s=args.duration)
+
+
+def _sinks(settings: SiteSettings) -> list[Sink]:
+    """The InfluxDB and Prometheus sinks the settings ask for (none by default).
+
+    Each step's points are the whole tree, so ``/metrics`` replaces the tree's series at
+    every write (``PrometheusSink`` snapshots): a limit cleared goes at once."""
+    from polca.export.influx import make_sink  # noqa: PLC0415
+    from polca.export.prometheus import metrics_sinks  # noqa: PLC0415
+    from polca.sitectl.points import TREE_MEASUREMENTS  # noqa: PLC0415
+
+    sink = make_sink(settings.influx, state_dir=settings.state_dir)
+    sinks: list[Sink] = [sink] if sink is not None else []
+    sinks.extend(metrics_sinks(settings.metrics, snapshots=TREE_MEASUREMENTS))
+    return sinks
 
 
 def run_check(paths: Sequence[Path], *, out: TextIO, err: TextIO) -> int:

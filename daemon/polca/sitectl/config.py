@@ -4,11 +4,14 @@ Read like every polca process's settings (``settings.load_settings_as``): the YA
 named by ``--config``, ``POLCA_*`` environment variables, secrets from files or systemd
 credentials. ``tree_file`` names the site file (``polca site check`` validates it);
 ``deploy/site/site.example.yaml`` and ``deploy/site/controller.example.yaml`` are complete
-examples, ``docs/power-tree.md`` says how they fit.
+examples, ``docs/power-tree.md`` says how they fit. ``influx`` and ``metrics`` (the shared
+``metrics.address``) are the sinks of the tree's points (``sitectl/points.py``), both off
+unless set, as the aggregator's.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Annotated, Self
@@ -16,7 +19,14 @@ from typing import Annotated, Self
 from pydantic import Field, model_validator
 
 from polca.coord.config import HaSettings
-from polca.settings import DEFAULT_TOPIC_ROOT, TOPIC_SEGMENT, ProcessSettings, SiteName, TopicRoot
+from polca.settings import (
+    DEFAULT_TOPIC_ROOT,
+    TOPIC_SEGMENT,
+    InfluxSettings,
+    ProcessSettings,
+    SiteName,
+    TopicRoot,
+)
 
 __all__ = ["SiteSettings"]
 
@@ -68,6 +78,16 @@ class SiteSettings(ProcessSettings):
         default_factory=HaSettings,
         description="Active/standby site controllers, elected on etcd: only the leader "
         "publishes budgets (each carries its term).",
+    )
+    influx: InfluxSettings = Field(
+        default_factory=InfluxSettings,
+        description="The time-series database the leader writes the tree's points to "
+        "(power_domain, power_feed, row_budget; docs/influxdb.md); off unless influx.url "
+        "is set.",
+    )
+    state_dir: Path = Field(
+        default_factory=lambda: Path(os.environ.get("STATE_DIRECTORY", "/var/lib/polca-site")),
+        description="Where the InfluxDB spool lives by default ($STATE_DIRECTORY).",
     )
 
     @property

@@ -6,8 +6,11 @@ once when woken) and publishes the budgets it returns; with ``ha.etcd_endpoints`
 campaigns on etcd (``coord/etcd.py``) for the key ``{ha.key_prefix}/{site}/site`` and
 only the leader publishes. It logs each row's budget when it changes by more than 1% or
 its limiting domain changes (``row_budget_changed``), each feed going down or up
-(``feed_changed``), and each change of leadership. A clean stop resigns the lead so a
-standby takes over at its next campaign; the rows hold their leased budgets meanwhile.
+(``feed_changed``), and each change of leadership. After each step it hands the step's
+points (``points.py``: none from a standby) to its sinks (InfluxDB, ``/metrics``: made by
+the command, ``cli.py``), which run beside the loop and close, bounded, on the way out. A
+clean stop resigns the lead so a standby takes over at its next campaign; the rows hold
+their leased budgets meanwhile.
 
 What it must not do: decide anything (the core does) or outlive its tasks.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -24,8 +27,10 @@ import structlog
 from polca import aiokit, service
 from polca.coord.etcd import elector_for
 from polca.coord.leadership import Leadership
+from polca.export.sink import FanOut, Sink
 from polca.powertree.capacity import feed_up
 from polca.powertree.model import SiteTree
+from polca.sitectl import points
 from polca.sitectl.config import SiteSettings
 from polca.sitectl.core import SiteCore, SiteStep
 from polca.telemetry.bus import MqttBus
@@ -44,11 +49,13 @@ class SiteController:
         settings: SiteSettings,
         tree: SiteTree,
         *,
+        sinks: Sequence[Sink] = (),
         clock_ns: Callable[[], int] = time.time_ns,
         mono_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         """The core, the bus and the elector for ``settings``; nothing connected yet."""
         self.settings = settings
+        self.sinks = FanOut(sinks)
         self.clock_ns = clock_ns
         self.mono_ns = mono_ns
         leadership = Leadership.standby() if settings.ha.enabled else Leadership()
@@ -87,12 +94,21 @@ class SiteController:
         self.wake.set()
 
     def step(self) -> SiteStep:
-        """One allocation, its budgets published and what changed logged."""
-        stepped = self.core.step(
-            self.mono_ns() / 1e9, now_ns=self.clock_ns(), now_mono_ns=self.mono_ns()
-        )
+        """One allocation, its budgets published, its points written, what changed logged."""
+        now_ns = self.clock_ns()
+        stepped = self.core.step(self.mono_ns() / 1e9, now_ns=now_ns, now_mono_ns=self.mono_ns())
         for message in stepped.messages:
             self.bus.publish_nowait(message)
+        if self.sinks:
+            self.sinks.write(
+                points.step_points(
+                    stepped,
+                    self.core.tree,
+                    site=self.settings.site,
+                    ts_ns=now_ns,
+                    leadership=self.core.leadership,
+                )
+            )
         self._log_changes(stepped)
         self.last = stepped
         return stepped
@@ -139,6 +155,8 @@ class SiteController:
         ]
         if self.elector is not None:
             loops.append(("etcd", self.elector.run()))
+        if self.sinks:
+            loops.append(("sinks", self.sinks.run()))
         try:
             await service.serve_source(self.bus, loops, duration_s=duration_s)
         finally:
@@ -146,4 +164,6 @@ class SiteController:
                 bound_s = service.STOP_BOUNDS.session_s
                 await service.bounded(self.elector.resign(), bound_s, "site_not_resigned", log)
                 await self.elector.client.close()
+            if self.sinks:  # cancelled with the loops; ``close`` flushes or spools the rest
+                await self.sinks.close(timeout_s=service.STOP_BOUNDS.sinks_s)
             log.info("site_stopped", steps=self.core.seq)

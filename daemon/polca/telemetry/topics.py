@@ -31,6 +31,11 @@ NodeChannel = Literal["telemetry", "status", "state", "events", "assign"]
 NODE_CHANNELS: tuple[NodeChannel, ...] = ("telemetry", "status", "state", "events", "assign")
 
 _SEGMENT = re.compile(TOPIC_SEGMENT)
+RESERVED_ROW_NAMES = frozenset({"cooling", "aggregator", "powertree"})
+"""Levels under a site that polca's own topics use: no row may be named so."""
+RESERVED_DOMAIN_NAMES = frozenset({"control"})
+"""A power domain named so would have a limit topic (``{site}/powertree/limit/control``)
+shaped like a rack's control, which the broker's pattern ACL cannot tell apart."""
 
 
 def _check_segment(kind: str, value: str) -> str:
