@@ -11,11 +11,12 @@ Modules: ``model`` (the per-phase GPU serving model, on ``polca.physics``' power
 servers, rows and configuration), ``profile`` (the model's constants, one YAML file per
 GPU), ``workload`` (trace to requests), ``runner`` (the time-stepped simulation),
 ``scenario`` (inputs to runs), ``report`` (metrics and files), ``plots`` (PNG, optional
-matplotlib), ``plan`` (the sweep), ``power_history`` (a row's recorded power, read from a
+matplotlib), ``plan`` (the sweep), ``failover`` (a feed's loss replayed on a Flex row:
+``polca plan --feed-failure``), ``power_history`` (a row's recorded power, read from a
 CSV or InfluxDB, and resampled), ``history`` (plans from that history: ``polca plan
 --history``), ``agreement`` (the simulator against a recorded ``polca demo`` run),
 ``calibrate`` and ``published`` (a profile fitted to a clock sweep, and held to
-published measurements), ``cli`` and ``commands`` (the command line). Everything but
-``cli`` and ``profile`` needs numpy (the ``polca[sim]`` extra), so this package imports
-nothing on its own.
+published measurements), ``cli``, ``durations`` and ``commands`` (the command line).
+Everything but ``cli``, ``durations`` and ``profile`` needs numpy (the ``polca[sim]``
+extra), so this package imports nothing on its own.
 """

@@ -13,30 +13,19 @@ the file and line or the option at fault), 78 the ``polca[sim]`` extra is missin
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from polca.exits import EX_CONFIG
+from polca.sim.durations import duration_s
 
 COMMANDS = ("simulate", "plan")
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|h|d)?\s*", re.IGNORECASE)
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _MISSING_EXTRA = (
     "polca {command} needs the simulator's extra dependencies (numpy; matplotlib for "
     "plots): pip install 'polca[sim]'"
 )
-
-
-def duration_s(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``15m``, ``2h`` or ``1d``."""
-    match = _DURATION.fullmatch(text)
-    if match is None:
-        msg = f"not a duration: {text!r} (use seconds or a number with s, m, h or d)"
-        raise argparse.ArgumentTypeError(msg)
-    return float(match.group(1)) * _UNIT_S[(match.group(2) or "s").lower()]
 
 
 def ratio(text: str) -> float:
@@ -312,6 +301,42 @@ def add_parsers(subparsers: Any) -> None:
         type=float,
         default=0.5,
         help="share of the GPUs' busy time spent decoding (memory-bound)",
+    )
+    feed = plan.add_argument_group(
+        "feed failure (a Flex row sized against both of its feeds: zero reserved power)"
+    )
+    feed.add_argument(
+        "--feed-failure",
+        action="store_true",
+        help="replay the loss of one of the row's feeds at each point: a point passes only "
+        "if the row's power stays under the surviving feeds' rating after the failover",
+    )
+    feed.add_argument(
+        "--feed-w",
+        type=float,
+        default=None,
+        help="each feed's rating in W (the row's budget stays --budget-w, typically the sum)",
+    )
+    feed.add_argument("--feeds", type=int, default=None, help="the row's feeds (default 2)")
+    feed.add_argument(
+        "--failover-s",
+        type=float,
+        default=None,
+        help="from the loss until the row runs on the survivors' rating: the meter's poll "
+        "plus one control step (default 2; 4 for a feed seen only by its meter going dark)",
+    )
+    feed.add_argument(
+        "--failure-at",
+        default=None,
+        metavar="worst|T",
+        help="when the feed is lost: worst, the start of the failover-long interval of the "
+        "highest row power (the default), or a time into the run (e.g. 1800, 30m)",
+    )
+    feed.add_argument(
+        "--outage-s",
+        default=None,
+        metavar="DURATION",
+        help="how long the feed stays down (e.g. 600, 10m; default: to the end of the run)",
     )
     plan.add_argument(
         "--search",

@@ -18,8 +18,9 @@ from typing import Any, TextIO
 from polca.errors import ConfigError, PolicyError, SimCollapsedError
 from polca.exits import EX_USAGE
 from polca.policy import Policy, load_policy
+from polca.sim import failover, report
 from polca.sim import plan as plan_mod
-from polca.sim import report
+from polca.sim.durations import duration_s
 from polca.sim.model import ControlConfig, SimConfigError
 from polca.sim.scenario import (
     Scenario,
@@ -141,6 +142,7 @@ def _simulate(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
 def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
     actuations = args.actuation or [("out-of-band", 40.0)]
     scenario = scenario_from_args(args, actuation_delay_s=actuations[0][1])
+    feed_failure = _feed_failure(args, scenario)  # checked before anything runs
     trace = load_trace(args.trace, seed=args.seed)
     scenario = _calibrated(scenario, args, trace, err)
     variants: list[plan_mod.Variant] = []
@@ -188,6 +190,9 @@ def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
         err.write(f"plan [{bar:<20}] {done}/{total} points, {ratio:+.0%} done, {seconds:.0f} s\n")
 
     if args.history is not None:
+        if feed_failure is not None:
+            msg = "--feed-failure replays a request trace; it does not apply to --history"
+            raise SimConfigError(msg)
         ignored = [
             flag
             for flag, used in (
@@ -202,7 +207,7 @@ def _plan(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
             err.write(f"{', '.join(ignored)} do not apply to --history: ignored\n")
         result = _history_plan(args, scenario, variants, slo, err)
     else:
-        result = _trace_plan(args, scenario, trace, variants, slo, on_point, progress)
+        result = _trace_plan(args, scenario, trace, variants, slo, on_point, progress, feed_failure)
     _write_plan(args, result, err)
     if args.json:
         out.write(json.dumps(report._jsonable(result), indent=2) + "\n")
@@ -271,6 +276,58 @@ def _history_plan(
     )
 
 
+def _feed_failure(args: argparse.Namespace, scenario: Scenario) -> failover.FeedFailure | None:
+    """The feed failure ``--feed-failure`` and its options describe, checked; or None."""
+    given = [
+        flag
+        for flag, value in (
+            ("--feed-w", args.feed_w),
+            ("--feeds", args.feeds),
+            ("--failover-s", args.failover_s),
+            ("--failure-at", args.failure_at),
+            ("--outage-s", args.outage_s),
+        )
+        if value is not None
+    ]
+    if not args.feed_failure:
+        if given:
+            msg = f"{', '.join(given)}: only with --feed-failure (they describe a feed's loss)"
+            raise SimConfigError(msg)
+        return None
+    if args.feed_w is None:
+        msg = "--feed-failure needs --feed-w, each feed's rating in W"
+        raise SimConfigError(msg)
+    spec = failover.FeedFailure(
+        feed_w=args.feed_w,
+        feeds=2 if args.feeds is None else args.feeds,
+        failover_s=2.0 if args.failover_s is None else args.failover_s,
+        at_s=_failure_at(args.failure_at),
+        outage_s=None if args.outage_s is None else _duration("--outage-s", args.outage_s),
+    )
+    failover.check(
+        spec,
+        budget_w=row_config(scenario.with_oversubscription(0.0)).budget_w,
+        duration_s=scenario.duration_s,
+        warmup_s=scenario.warmup_s,
+    )
+    return spec
+
+
+def _failure_at(text: str | None) -> float | None:
+    """``--failure-at``: None for the worst moment, else seconds into the run."""
+    if text is None or text.strip().lower() == "worst":
+        return None
+    return _duration("--failure-at", text, what="'worst' or a time into the run")
+
+
+def _duration(flag: str, text: str, *, what: str = "a duration") -> float:
+    try:
+        return duration_s(text)
+    except argparse.ArgumentTypeError as exc:
+        msg = f"{flag} must be {what} (seconds, or a number with s, m, h or d), got {text!r}"
+        raise SimConfigError(msg) from exc
+
+
 def _trace_plan(  # noqa: PLR0917 - one call site
     args: argparse.Namespace,
     scenario: Scenario,
@@ -279,6 +336,7 @@ def _trace_plan(  # noqa: PLR0917 - one call site
     slo: plan_mod.Slo,
     on_point: Any,
     progress: Any,
+    feed_failure: failover.FeedFailure | None,
 ) -> dict[str, Any]:
     search = plan_mod.bisect_plan if args.search == "bisect" else plan_mod.run_plan
     return search(
@@ -291,6 +349,7 @@ def _trace_plan(  # noqa: PLR0917 - one call site
         seeds=args.seeds,
         progress=progress,
         on_point=on_point,
+        feed_failure=feed_failure,
     )
 
 
@@ -322,9 +381,32 @@ def _write_plan_csv(path: Path, plan: dict[str, Any]) -> None:
         "peak_pct",
         "capped_time_pct",
     ]
+    # With a feed's loss replayed: when, and how far over the survivor in the window and after.
+    failure_keys = (
+        [
+            ("failure_at_s", ("at_s",)),
+            ("window_s", ("window_s",)),
+            ("window_peak_pct_of_survivor", ("window", "peak_pct_of_survivor")),
+            ("window_over_survivor_s", ("window", "over_survivor_s")),
+            ("after_peak_pct_of_survivor", ("after", "peak_pct_of_survivor")),
+            ("after_over_survivor_s", ("after", "over_survivor_s")),
+        ]
+        if "feed_failure" in plan
+        else []
+    )
     with path.open("w", encoding="utf-8", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["scenario", *keys, "meets_slo"])
+        w.writerow(["scenario", *keys, *(name for name, _ in failure_keys), "meets_slo"])
         for v in plan["scenarios"]:
             for p in v["points"]:
-                w.writerow([v["name"], *(p[k] for k in keys), not p["violations"]])
+                block = p.get("feed_failure") or {}
+                failure = [_dig(block, path) for _, path in failure_keys]
+                w.writerow([v["name"], *(p[k] for k in keys), *failure, not p["violations"]])
+
+
+def _dig(block: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """``block[a][b]...``, or None where a key is missing (a collapsed replay)."""
+    value: Any = block
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value

@@ -282,6 +282,37 @@ class ControlConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetCut:
+    """The row's budget cut to ``budget_w`` from ``at_s`` until ``until_s``: a feed lost.
+
+    The electrical limit (what the brake guards) falls at ``at_s``; the controller runs on
+    the cut budget from ``at_s + known_after_s`` (the meter's poll and the aggregator's
+    step that sees the feed down), with one control step then, as the aggregator's fast
+    path takes it at its next step. At ``until_s`` (the feed back) both return to the
+    row's budget. Times are seconds of the run; every row of the run is cut alike.
+    """
+
+    at_s: float
+    budget_w: float
+    known_after_s: float = 2.0
+    until_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.at_s) and self.at_s >= 0):
+            msg = f"a budget cut starts at a time >= 0 s, got {self.at_s}"
+            raise SimConfigError(msg)
+        if not (math.isfinite(self.budget_w) and self.budget_w > 0):
+            msg = f"a budget cut leaves a positive number of watts, got {self.budget_w}"
+            raise SimConfigError(msg)
+        if not (math.isfinite(self.known_after_s) and self.known_after_s >= 0):
+            msg = f"known_after_s must be >= 0 seconds, got {self.known_after_s}"
+            raise SimConfigError(msg)
+        if not self.until_s > self.at_s:  # NaN fails too
+            msg = f"a budget cut ends after it starts ({self.at_s} s), got {self.until_s}"
+            raise SimConfigError(msg)
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     """One simulation: a row (or several alike), its control loop and the step size."""
 
@@ -302,8 +333,19 @@ class SimConfig:
     # default); while its batch is full it starts no prefill, so prompts queue and age out
     # by max_wait_s instead of piling up in decode.
     max_decode_batch: int = 256
+    # A feed's loss replayed (``polca plan --feed-failure``): the budget falls at a time.
+    budget_cut: BudgetCut | None = None
+    # Keep each class's cumulative busy and work GPU-seconds per step (``RunResult.work_log``),
+    # so that a window's throughput loss can be computed after the run.
+    record_work: bool = False
 
     def __post_init__(self) -> None:
+        if self.budget_cut is not None and self.budget_cut.budget_w > self.row.budget_w:
+            msg = (
+                f"a budget cut to {self.budget_cut.budget_w:.0f} W is above the row's budget "
+                f"of {self.row.budget_w:.0f} W: a feed's loss never raises a budget"
+            )
+            raise SimConfigError(msg)
         if self.max_decode_batch < 1:
             msg = f"max_decode_batch must be at least 1, got {self.max_decode_batch}"
             raise SimConfigError(msg)
@@ -338,6 +380,7 @@ __all__ = [
     "GPU_NAMES",
     "SERVER_PRESETS",
     "SIM_GPUS",
+    "BudgetCut",
     "ControlConfig",
     "FloatArray",
     "IntArray",

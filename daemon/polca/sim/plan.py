@@ -16,6 +16,11 @@ yields fewer servers (a test checks it).
 
 Ratios run in parallel with ``jobs`` worker processes (spawned; the results only depend on
 the inputs, not on the number of workers).
+
+With a ``feed_failure`` (``polca.sim.failover``: a Flex row sized against both of its
+feeds), every point also replays the loss of one feed, and a point passes only if, besides
+the SLOs, the row's power stays under the surviving feed's rating after the failover
+window; each variant's result also says what the plan would have been without that check.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from pydantic import ValidationError
 
 from polca.errors import SimCollapsedError
 from polca.policy import Policy
+from polca.sim import failover
 from polca.sim.model import ControlConfig, SimConfigError
-from polca.sim.scenario import Scenario, run_once, summarize
+from polca.sim.scenario import Scenario, row_config, run_once, summarize
 from polca.workload.trace import Trace
 
 
@@ -100,7 +106,7 @@ def plan_point(summary: dict[str, Any]) -> dict[str, Any]:
 def variant_result(variant: Variant, points: list[dict[str, Any]], slo: Slo) -> dict[str, Any]:
     """One variant's part of a plan: its points and its recommendation."""
     best = best_point(points, slo)
-    return {
+    out = {
         "name": variant.name,
         "policy": variant.policy.name,
         "policy_file": variant.policy_file,
@@ -109,21 +115,29 @@ def variant_result(variant: Variant, points: list[dict[str, Any]], slo: Slo) -> 
         "best": best,
         "best_servers": best["servers"] if best else None,
     }
+    if any("feed_failure" in p for p in points):
+        normal = best_point(points, slo, feed_failure=False)
+        out["best_servers_without_feed_failure"] = normal["servers"] if normal else None
+    return out
 
 
-def best_point(points: Sequence[dict[str, Any]], slo: Slo) -> dict[str, Any] | None:
-    """The largest-ratio point such that it and every smaller one meet ``slo``; or None."""
+def best_point(
+    points: Sequence[dict[str, Any]], slo: Slo, *, feed_failure: bool = True
+) -> dict[str, Any] | None:
+    """The largest-ratio point such that it and every smaller one meet ``slo`` (and, unless
+    ``feed_failure`` is false, survive a replayed feed's loss); or None."""
     best = None
     for point in sorted(points, key=lambda p: p["oversubscription_pct"]):
-        if point_violations(point, slo):
+        if point_violations(point, slo, feed_failure=feed_failure):
             break
         best = point
     return best
 
 
-def point_violations(point: dict[str, Any], slo: Slo) -> list[str]:
+def point_violations(point: dict[str, Any], slo: Slo, *, feed_failure: bool = True) -> list[str]:
     """Why a point misses ``slo``: a collapse, or any seed's miss (labelled by seed when
-    there are several); empty when it meets it."""
+    there are several), including power over the surviving feed after a replayed feed's
+    loss unless ``feed_failure`` is false; empty when it meets it."""
     seeds = point.get("seeds") or [None]
     if point.get("collapsed"):
         return [f"collapsed ({point['collapsed']})"]
@@ -132,6 +146,8 @@ def point_violations(point: dict[str, Any], slo: Slo) -> list[str]:
     for seed, values in zip(seeds, by_seed, strict=True):
         label = f"seed {seed}: " if len(seeds) > 1 else ""
         out.extend(label + v for v in slo.violations(values))
+        if feed_failure:
+            out.extend(label + v for v in failover.violations(values.get("feed_failure")))
     return out
 
 
@@ -205,9 +221,15 @@ def _collapsed_point(scenario: Scenario, reason: str) -> dict[str, Any]:
 
 
 def _seed_points(
-    scenario: Scenario, trace: Trace, variants: Sequence[Variant]
+    scenario: Scenario,
+    trace: Trace,
+    variants: Sequence[Variant],
+    feed_failure: failover.FeedFailure | None = None,
 ) -> list[dict[str, Any]]:
-    """Every variant at one ratio and seed, against one shared uncapped run."""
+    """Every variant at one ratio and seed, against one shared uncapped run (and, with a
+    ``feed_failure``, that failure replayed on each variant's capped run)."""
+    if feed_failure is not None:  # a window's throughput needs the work per step
+        scenario = replace(scenario, record_work=True)
     try:
         base = run_once(scenario, trace, None)
     except SimCollapsedError as exc:
@@ -220,15 +242,26 @@ def _seed_points(
         except SimCollapsedError as exc:
             out.append(_collapsed_point(s, str(exc)))
             continue
-        out.append(plan_point(summarize(s, trace, capped, base, policy_file=v.policy_file)))
+        point = plan_point(summarize(s, trace, capped, base, policy_file=v.policy_file))
+        if feed_failure is not None:
+            point["feed_failure"] = failover.replay(
+                feed_failure, s, trace, v.policy, normal=capped, base=base
+            )
+        out.append(point)
     return out
 
 
 def _ratio_task(
-    scenario: Scenario, trace: Trace, variants: Sequence[Variant], seeds: Sequence[int]
+    scenario: Scenario,
+    trace: Trace,
+    variants: Sequence[Variant],
+    seeds: Sequence[int],
+    feed_failure: failover.FeedFailure | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Every variant at one ratio, for each seed: ``[seed][variant]`` points."""
-    return [_seed_points(replace(scenario, seed=seed), trace, variants) for seed in seeds]
+    return [
+        _seed_points(replace(scenario, seed=seed), trace, variants, feed_failure) for seed in seeds
+    ]
 
 
 def merge_seeds(
@@ -261,8 +294,13 @@ def merge_seeds(
         if values:
             spread[key] = [min(values), max(values)]
     point["spread"] = spread
+    failures = [p["feed_failure"] for p in per_seed if "feed_failure" in p]
+    if failures:
+        point["feed_failure"] = failover.merge_seeds(failures, list(seeds))
     if len(seeds) > 1:
-        point["by_seed"] = [{key: p[key] for key in _METRICS} for p in per_seed]
+        point["by_seed"] = [
+            {key: p[key] for key in (*_METRICS, "feed_failure") if key in p} for p in per_seed
+        ]
     point["violations"] = point_violations(point, slo)
     return point
 
@@ -322,6 +360,7 @@ def run_plan(
     seeds: int = 1,
     progress: ProgressFn | None = None,
     on_point: PointFn | None = None,
+    feed_failure: failover.FeedFailure | None = None,
 ) -> dict[str, Any]:
     """Sweep ``ratios`` for every variant; JSON-able result with each variant's best point.
 
@@ -346,7 +385,11 @@ def run_plan(
             progress(len(merged), len(ratios), ratio, time.monotonic() - started_s)
 
     tasks: dict[Any, Task] = {
-        r: (_ratio_task, (scenario.with_oversubscription(r), trace, variants, seed_list), {})
+        r: (
+            _ratio_task,
+            (scenario.with_oversubscription(r), trace, variants, seed_list, feed_failure),
+            {},
+        )
         for r in ratios
     }
     _run_tasks(tasks, jobs=jobs, finished=finished)
@@ -358,8 +401,19 @@ def run_plan(
         "base_servers": scenario.base_servers,
         "ratios": list(ratios),
         "seeds": seed_list,
+        **_failure_inputs(scenario, feed_failure),
         "scenarios": result_variants,
     }
+
+
+def _failure_inputs(
+    scenario: Scenario, feed_failure: failover.FeedFailure | None
+) -> dict[str, Any]:
+    """The plan's ``feed_failure`` key: the replay's inputs (nothing without one)."""
+    if feed_failure is None:
+        return {}
+    budget_w = row_config(scenario.with_oversubscription(0.0)).budget_w
+    return {"feed_failure": feed_failure.inputs(budget_w)}
 
 
 def _bisect_variant(
@@ -370,6 +424,7 @@ def _bisect_variant(
     *,
     seeds: Sequence[int],
     slo: Slo,
+    feed_failure: failover.FeedFailure | None = None,
 ) -> list[dict[str, Any]]:
     """The points one variant's bisection evaluates over the sorted grid ``ratios``:
     both ends, then the middle of the passing/failing bracket until it closes."""
@@ -377,7 +432,7 @@ def _bisect_variant(
 
     def passes(i: int) -> bool:
         task = scenario.with_oversubscription(ratios[i])
-        raw = _ratio_task(task, trace, [variant], seeds)
+        raw = _ratio_task(task, trace, [variant], seeds, feed_failure)
         evaluated[i] = merge_seeds(ratios[i], [raw[s][0] for s in range(len(seeds))], seeds, slo)
         return not evaluated[i]["violations"]
 
@@ -404,6 +459,7 @@ def bisect_plan(
     seeds: int = 1,
     progress: ProgressFn | None = None,
     on_point: PointFn | None = None,
+    feed_failure: failover.FeedFailure | None = None,
 ) -> dict[str, Any]:
     """``run_plan``'s answer from O(log n) of the grid's points per variant.
 
@@ -428,7 +484,11 @@ def bisect_plan(
             progress(len(results), len(variants), points[-1]["ratio"], time.monotonic() - started_s)
 
     tasks: dict[Any, Task] = {
-        i: (_bisect_variant, (scenario, trace, v, grid), {"seeds": seed_list, "slo": slo})
+        i: (
+            _bisect_variant,
+            (scenario, trace, v, grid),
+            {"seeds": seed_list, "slo": slo, "feed_failure": feed_failure},
+        )
         for i, v in enumerate(variants)
     }
     _run_tasks(tasks, jobs=jobs, finished=finished)
@@ -439,6 +499,7 @@ def bisect_plan(
         "ratios": grid,
         "search": "bisect",
         "seeds": seed_list,
+        **_failure_inputs(scenario, feed_failure),
         "scenarios": result_variants,
     }
 
@@ -460,6 +521,8 @@ def render_text(plan: dict[str, Any]) -> str:
                 f"{_fmt(p['lp_throughput_loss_pct'], 7)}  {_fmt(p['brake_events'], 6, 0)}  "
                 f"{_fmt(p['peak_pct'], 5, 1)}  {_fmt(p['capped_time_pct'], 7, 1)}  {mark}"
             )
+        if "feed_failure" in plan:
+            lines.extend(failover.render_lines(v, plan["feed_failure"]))
         lines.extend(_verdict(v, plan))
     return "\n".join(lines) + "\n"
 
@@ -471,16 +534,29 @@ def _verdict(variant: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     over = f" in every one of {seeds} seeds" if seeds > 1 else ""
     if best is None:
         low = points[0]
-        return [
+        lines = [
             f"  -> no swept deployment meets the SLOs{over}: the lowest swept, "
             f"{low['oversubscription_pct']:+.1f}% ({low['servers']} servers), already misses "
             f"({'; '.join(low['violations'])}); sweep lower ratios"
         ]
+        if "feed_failure" in plan:
+            lines.append(
+                f"     (without the feed check: "
+                f"{variant['best_servers_without_feed_failure']} servers)"
+            )
+        return lines
     lines = [
-        f"  -> {best['servers']} servers (+{best['oversubscription_pct']:.1f}% over "
+        f"  -> {best['servers']} servers ({best['oversubscription_pct']:+.1f}% over "
         f"{plan['base_servers']}) meet the SLOs{over} with "
         f"{best['brake_events']:.0f} brake events"
     ]
+    if "feed_failure" in plan:
+        ff = plan["feed_failure"]
+        lines.append(
+            f"     and stay under the surviving {ff['survivor_w'] / 1000:.1f} kW after a feed's "
+            f"loss with zero reserved power (without the feed check: "
+            f"{variant['best_servers_without_feed_failure']} servers)"
+        )
     if best is points[-1]:
         lines.append("     (the highest swept ratio: the frontier may lie beyond; sweep higher)")
     return lines

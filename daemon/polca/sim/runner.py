@@ -29,6 +29,11 @@ numpy over GPUs and in-flight requests. Each step:
    power brake, which holds every GPU of the row at the brake clock for ``brake_hold_s``
    (a brake event: POLCA's goal is zero of them).
 
+A ``BudgetCut`` (a feed lost, ``polca plan --feed-failure``) changes the budget at a time:
+the brake guards the cut budget from the cut on, the controller runs on it from
+``known_after_s`` later, with one control step at that moment (the aggregator takes a
+feed's loss at its next step), and both return to the row's budget when the cut ends.
+
 Both engine functions are looked up on ``polca.policy`` at call time, never copied, so
 the simulator runs exactly what the agent and aggregator run (a test patches them).
 The engine's answer for a level depends only on the level, the GPU's class and its
@@ -91,6 +96,7 @@ class RunResult:
     row_power_w: FloatArray  # (steps, rows): mean row power in each step
     tick_s: FloatArray  # controller evaluation times
     measured_w: FloatArray  # (ticks, rows): row power the controller saw
+    tick_budget_w: FloatArray  # (ticks,): the budget the controller ran on at each tick
     level: npt.NDArray[np.int8]  # (ticks, rows): the level after each evaluation
     brakes: tuple[BrakeEvent, ...]
     req_cls: IntArray  # per finished request: HP or LP
@@ -105,6 +111,14 @@ class RunResult:
     gpus: tuple[int, int]  # per class, all rows
     decide_calls: int  # how often polca.policy.decide ran (once per level entered)
     ladder_calls: int  # how often polca.policy.next_level ran
+    drop_cls: IntArray  # per dropped request: HP or LP
+    drop_arrival_s: FloatArray  # per dropped request: when it arrived
+    unfinished_cls: IntArray  # per request still in flight at the end: HP or LP
+    unfinished_arrival_s: FloatArray  # ... and when it arrived
+    # With ``config.record_work``: (steps + 1, 2 classes, [busy, work]) GPU-seconds served
+    # and the same work at the maximum clock, cumulative at the start of each step (and at
+    # the end); otherwise empty.
+    work_log: FloatArray
 
     @property
     def energy_j(self) -> float:
@@ -374,6 +388,17 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
     ladder_calls = 0
     budget = row_cfg.budget_w
     warmup_s = config.warmup_s
+    # A feed's loss: the steps from which the brake and the controller see the cut budget,
+    # and the step it ends (past the run: never).
+    cut = config.budget_cut
+    cut_w = cut.budget_w if cut is not None else budget
+    cut_k = _first_step(cut.at_s, dt) if cut is not None else n_steps + 1
+    known_k = _first_step(cut.at_s + cut.known_after_s, dt) if cut is not None else n_steps + 1
+    end_k = _first_step(cut.until_s, dt) if cut is not None else n_steps + 1
+    tick_budget: list[float] = []
+    drop_idx: list[IntArray] = []
+    work_log = np.zeros((n_steps + 1 if config.record_work else 0, 2, 2))
+    class_of = np.array([cls_of_gpu == HP, cls_of_gpu == LP], dtype=np.float64)
 
     # Clock-dependent factors, refreshed only when caps change (each step if limits bind).
     dirty = True
@@ -389,11 +414,18 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
         t0 = k * dt
         if k % _GUARD_STEPS == 0:
             _guard(prefill.shape[1] + decode.shape[1], in_flight_cap, deadline, t0, config)
+        if config.record_work:
+            work_log[k, :, 0] = class_of @ (busy_acc + pre_busy_acc)
+            work_log[k, :, 1] = class_of @ (done + busy_acc - slow_acc)
+        brake_budget = cut_w if cut_k <= k < end_k else budget
 
         # --- 1. control ------------------------------------------------------------------
-        if engine is not None and k % period_steps == 0 and k - delay_steps >= period_steps:
+        tick_now = k % period_steps == 0 or k == known_k  # a feed's loss wakes the controller
+        if engine is not None and tick_now and k - delay_steps >= period_steps:
             seen = row_power[k - delay_steps - period_steps : k - delay_steps].mean(axis=0)
+            ctl_budget = cut_w if known_k <= k < end_k else budget
             tick_s.append(t0)
+            tick_budget.append(ctl_budget)
             measured.append(seen.tolist())
             row_levels: list[int] = []
             for r in range(rows):
@@ -406,7 +438,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
                 before = ladders[r].level
                 ladders[r] = policy_api.next_level(
                     power_w=power_w,
-                    budget_w=budget,
+                    budget_w=ctl_budget,
                     policy=engine.policy,
                     state=ladders[r],
                     now_s=t0,
@@ -484,6 +516,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
                 if drop.any():
                     for c in (HP, LP):
                         dropped[c] += int(np.count_nonzero(drop & (workload.cls[a0:a1] == c)))
+                    drop_idx.append(idx[drop])
                     keep = ~drop
                     g, idx, work, queued = g[keep], idx[keep], work[keep], queued[keep]
                     cum = _cum_before(g, work) if cum is not None else None
@@ -602,7 +635,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
                     braking[r] = False
                     dirty = True
                 p_r = float(row_power[k, r])
-                if p_r <= budget:
+                if p_r <= brake_budget:
                     over_since[r] = None
                     continue
                 since = over_since[r]
@@ -611,7 +644,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
                     since = t0
                 over_peak[r] = max(over_peak[r], p_r)
                 if not braking[r] and t1 - since >= ctl.brake_tolerance_s - _EPS:
-                    brakes.append(BrakeEvent(r, since, t1, 100.0 * over_peak[r] / budget))
+                    brakes.append(BrakeEvent(r, since, t1, 100.0 * over_peak[r] / brake_budget))
                     braking[r] = True
                     brake_until[r] = t1 + ctl.brake_hold_s
                     over_since[r] = None
@@ -621,6 +654,10 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
     # its serving time less what the caps cost.
     work_acc = done + busy_acc - slow_acc
     busy_acc += pre_busy_acc
+    if config.record_work:
+        work_log[n_steps, :, 0] = class_of @ busy_acc
+        work_log[n_steps, :, 1] = class_of @ work_acc
+    drops = np.concatenate(drop_idx) if drop_idx else np.zeros(0, dtype=np.intp)
     idx_all = np.concatenate(fin_idx) if fin_idx else np.zeros(0, dtype=np.intp)
     in_flight = np.concatenate((prefill[P_IDX], decode[D_IDX])).astype(np.intp)
     in_flight_cls = workload.cls[in_flight]
@@ -633,6 +670,7 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
         row_power_w=row_power,
         tick_s=np.array(tick_s),
         measured_w=np.array(measured).reshape(len(tick_s), rows),
+        tick_budget_w=np.array(tick_budget),
         level=np.array(levels, dtype=np.int8).reshape(len(tick_s), rows),
         brakes=tuple(brakes),
         req_cls=workload.cls[idx_all],
@@ -650,7 +688,19 @@ def run(  # noqa: PLR0915 - the hot loop keeps its state in locals, for speed
         gpus=(gpus_by_class[HP], gpus_by_class[LP]),
         decide_calls=engine.calls if engine is not None else 0,
         ladder_calls=ladder_calls,
+        drop_cls=workload.cls[drops],
+        drop_arrival_s=arr_t[drops],
+        unfinished_cls=in_flight_cls,
+        unfinished_arrival_s=arr_t[in_flight],
+        work_log=work_log,
     )
+
+
+def _first_step(t_s: float, dt: float) -> int:
+    """The first step that starts at or after ``t_s`` (a huge index for infinity)."""
+    if not math.isfinite(t_s):
+        return 2**62
+    return math.ceil(t_s / dt - _EPS)
 
 
 def _cum_before(g: IntArray, work: FloatArray) -> FloatArray:

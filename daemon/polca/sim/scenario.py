@@ -18,6 +18,7 @@ from typing import Any
 from polca.policy import Policy
 from polca.sim import report
 from polca.sim.model import (
+    BudgetCut,
     ControlConfig,
     RowConfig,
     ServerPreset,
@@ -66,6 +67,8 @@ class Scenario:
     max_in_flight_per_gpu: int = 1024  # past it the run has collapsed (SimCollapsedError)
     time_limit_s: float | None = None  # wall time per run, then collapsed
     max_decode_batch: int = 256  # requests one GPU decodes at once (vLLM's max_num_seqs)
+    budget_cut: BudgetCut | None = None  # a feed's loss replayed (polca.sim.failover)
+    record_work: bool = False  # keep each class's work per step (RunResult.work_log)
 
     @property
     def servers(self) -> int:
@@ -143,6 +146,8 @@ def run_once(s: Scenario, trace: Trace, policy: Policy | None) -> RunResult:
         max_in_flight_per_gpu=s.max_in_flight_per_gpu,
         time_limit_s=s.time_limit_s,
         max_decode_batch=s.max_decode_batch,
+        budget_cut=s.budget_cut,
+        record_work=s.record_work,
     )
     if not 0.0 <= s.warmup_s < s.duration_s:
         msg = f"warmup_s ({s.warmup_s} s) must be within [0, duration_s ({s.duration_s} s))"
