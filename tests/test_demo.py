@@ -60,6 +60,12 @@ def test_demo_row_reaches_caps_and_prints_a_summary(tmp_path: Path) -> None:
     rise_pct = max(b - a for a, b in itertools.pairwise(uncapped_w)) * 100.0 / budget_w
     assert max(uncapped_w) * 100.0 / budget_w == pytest.approx(float(peak.group(2)), abs=0.06)
     assert float(peak.group(1)) <= float(peak.group(2)) + rise_pct, (rise_pct, out[-1500:])
+    # Feed B is lost 20 s in: the row runs on feed A's 60% of its budget, at once.
+    lost = re.search(r"feed B lost\s+: (\d+) s on feed A alone, the budget cut to ([\d.]+) kW", out)
+    assert lost, out[-1500:]
+    assert int(lost.group(1)) >= 5
+    assert float(lost.group(2)) == pytest.approx(0.6 * budget_w / 1000, abs=0.05)
+    assert "feeds A up, B DOWN; budget 11.4 kW from feeds" in out
     servers = re.search(r"servers\s+: 4 nodes on a budget that holds (\d+) at this load", out)
     assert servers, out[-1500:]
     given = re.search(r"clock given up\s+: high ([-+][\d.]+)%, low ([-+][\d.]+)%", out)

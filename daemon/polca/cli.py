@@ -137,6 +137,16 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--incident-s", type=float, default=30.0, help="seconds until that pump is repaired"
     )
+    demo.add_argument(
+        "--feed-loss-at",
+        type=float,
+        default=20.0,
+        help="seconds until the row's feed B is lost (its PDU's breaker trips; each feed "
+        "carries 60%% of the row's budget; negative: no loss)",
+    )
+    demo.add_argument(
+        "--feed-loss-s", type=float, default=15.0, help="seconds until feed B is back"
+    )
     demo.add_argument("--policy", type=Path, default=None)
     demo.add_argument("--broker", default=None, help="use this MQTT broker host[:port]")
     demo.add_argument("--influx", default=None, help="also write to InfluxDB at this URL")
@@ -387,6 +397,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             influx_api=args.influx_api,
             incident_at_s=args.incident_at if args.incident_at >= 0 else None,
             incident_s=args.incident_s,
+            feed_loss_at_s=args.feed_loss_at if args.feed_loss_at >= 0 else None,
+            feed_loss_s=args.feed_loss_s,
             broker=_broker_address(args.broker),
             record_dir=args.record,
         )

@@ -60,6 +60,9 @@ class DemoOptions:
     sample_interval_s: float = 0.25
     incident_at_s: float | None = 45.0  # a CDU pump fails this long after the start
     incident_s: float = 30.0  # ... and is repaired after this long
+    feed_loss_at_s: float | None = 20.0  # the row's feed B is lost this long after the start
+    feed_loss_s: float = 15.0  # ... and comes back after this long
+    feed_fraction: float = 0.6  # each of the row's two feeds carries this much of its budget
     record_dir: Path | None = None  # write the run's row and uncapped power here (CSV)
 
     @property

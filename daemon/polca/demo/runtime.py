@@ -6,12 +6,13 @@ of ``options.py``; what the view shows is ``view.py``'s, the load ``load.py``'s.
 supervisor: a ``TaskGroup`` owns every task of the run.
 
 Order. Startup: signal handlers -> work directory -> broker (embedded, or ``--broker``)
--> the row built (agents, aggregator, CDU plants, view) -> tasks started -> the duration's
-timer (``--duration`` is the row's run time, however long its setup took). Shutdown, on
-the stop event: the aggregator first (agents without a controller's lease would fall to
-their fail-safe caps while stopping), then the agents, then the view and the plants, then
-the buses; the view's last frame, the summary and the record are written before the
-broker and the work directory go.
+-> the row built (agents, aggregator, CDU plants, view) -> tasks started (with the row's
+two feeds' PDUs, ``feeds.py``) -> the duration's timer (``--duration`` is the row's run
+time, however long its setup took). Shutdown, on the stop event: the aggregator first
+(agents without a controller's lease would fall to their fail-safe caps while stopping),
+then the agents, then the view, the plants and the feeds, then the buses; the view's last
+frame, the summary and the record are written before the broker and the work directory
+go.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from polca.aggregator.config import (
     ControlSettings,
     NodeSpec,
     RackSpec,
+    RowFeedSpec,
     RowSpec,
 )
 from polca.aggregator.runtime import Aggregator
 from polca.cdu.publisher import run_plant
 from polca.cooling.loops import CoolingSettings, LoopSpec
 from polca.demo.counterfactual import ClassClocks, Counterfactual
+from polca.demo.feeds import FEED_SOURCES, run_feeds
 from polca.demo.load import gpu_classes, node_gpus, tenant_replays
 from polca.demo.options import (
     AGGREGATOR_INSTANCE,
@@ -197,6 +200,12 @@ def _aggregator_settings(
             RowSpec(
                 name=ROW,
                 budget_w=budget_w,
+                feeds=tuple(
+                    RowFeedSpec(
+                        name=feed, rating_w=options.feed_fraction * budget_w, sources=(source,)
+                    )
+                    for feed, source in FEED_SOURCES.items()
+                ),
                 racks=tuple(
                     RackSpec(
                         name=f"rack{r + 1}",
@@ -315,6 +324,7 @@ async def _run_row(
             )
             for r, plant in enumerate(row.plants)
         ]
+        feeds_task = tg.create_task(run_feeds(cdu_bus, row.view, options, topics))
         _schedule_incident(options, row.plants)
         if options.duration_s is not None:  # the row's run time, not counting its setup
             asyncio.get_running_loop().call_later(options.duration_s, stop.set)
@@ -327,6 +337,7 @@ async def _run_row(
         await asyncio.gather(*agent_tasks)
         # The view and the plants run until cancelled; the buses then flush and close.
         view_task.cancel()
+        feeds_task.cancel()
         for task in plant_tasks:
             task.cancel()
         await cdu_bus.close(timeout_s=1.0)

@@ -72,6 +72,12 @@ class DemoView:
     uncapped_record: deque[tuple[float, float, dict[str, float]]] = field(
         default_factory=lambda: deque(maxlen=RECORD_MAX)
     )
+    feed_b_lost: bool = False  # set by the feeds' publisher (demo/feeds.py)
+    feed_loss_s: int = 0  # row summaries with feed B down (one a second)
+    feed_loss_budget_w: float | None = None  # the row's electrical budget meanwhile
+    feed_loss_peak_pct: float = 0.0  # the row's power, % of that budget, at its highest
+    feed_loss_over_s: int = 0  # summaries with the row above that budget
+    feed_loss_levels: Counter[str] = field(default_factory=Counter)
     _uncapped_sum: list[float] = field(default_factory=lambda: [0.0, 0])  # [W sum, count]
     _uncapped_class_sum: dict[str, float] = field(default_factory=dict)
 
@@ -151,7 +157,7 @@ class DemoView:
     def _on_summary(self, summary: RowSummary) -> None:
         self.summary = summary
         pct = 100.0 * summary.power_w / summary.effective_budget_w
-        self.peak_pct = max(self.peak_pct, pct)
+        self.peak_pct = max(self.peak_pct, 100.0 * summary.power_w / self.budget_w)
         self.level_s[summary.level_name or str(summary.level)] += 1
         self.row_record.append(
             (
@@ -161,6 +167,13 @@ class DemoView:
                 summary.level_name or str(summary.level),
             )
         )
+        if summary.feeds.get("B") is False:
+            budget_w = summary.electrical_budget_w or summary.effective_budget_w
+            self.feed_loss_s += 1
+            self.feed_loss_budget_w = budget_w
+            self.feed_loss_peak_pct = max(self.feed_loss_peak_pct, pct)
+            self.feed_loss_over_s += summary.power_w > budget_w
+            self.feed_loss_levels[summary.level_name or str(summary.level)] += 1
         top = len(summary.thresholds_w)
         if summary.level == top and self.last_level != top:
             self.brake_events += 1
@@ -232,6 +245,12 @@ class DemoView:
                 f"{100 * t / s.effective_budget_w:.0f}% = {t / 1000:.1f} kW" for t in s.thresholds_w
             ),
         ]
+        if s.feeds:
+            feeds = ", ".join(f"{name} {'up' if up else 'DOWN'}" for name, up in s.feeds.items())
+            lines.append(
+                f"  feeds {feeds}; budget {(s.electrical_budget_w or s.budget_w) / 1000:.1f} kW "
+                f"from {s.budget_origin}"
+            )
         for rack in s.racks:
             share = rack.power_w / max(s.power_w, 1.0)
             forced = f"  rack level {rack.level}" if rack.level else ""
@@ -274,6 +293,14 @@ class DemoView:
         lines.append(f"cooling alarms     : {self.cooling_alarms_raised} raised")
         lines.extend(f"   {entry}" for entry in self.cooling_events)
         lines.append(f"GPU cap changes    : {self.cap_changes}")
+        if self.feed_loss_s and self.feed_loss_budget_w is not None:
+            level, _ = self.feed_loss_levels.most_common(1)[0]
+            lines.append(
+                f"feed B lost        : {self.feed_loss_s} s on feed A alone, the budget cut to "
+                f"{self.feed_loss_budget_w / 1000:.1f} kW (from {self.budget_w / 1000:.1f}); "
+                f"the row peaked at {self.feed_loss_peak_pct:.0f}% of it and was above it "
+                f"{self.feed_loss_over_s} s, mostly at {level}"
+            )
         lines.append(
             f"peak row power     : {self.peak_pct:.1f}% of the {self.budget_w / 1000:.1f} kW budget"
             + (
