@@ -161,8 +161,12 @@ def test_a_row_that_takes_site_budgets_runs_on_its_fallback_until_a_lease_comes(
     assert (row.electrical.budget_w, row.electrical.origin) == (8_000.0, "lease")
     assert row.electrical.limited_by == "ups-a"
     assert row.budgets.row_w == 8_000.0
+    # The site controller renews the same budget every step: no control step of its own.
+    assert not _send(core, "budget", _budget(8_000.0, seq=2), now_s=2.5)
+    assert _send(core, "budget", _budget(7_000.0, seq=3), now_s=3.0)  # a new value: step now
     # The lease runs out 20 s after receipt, on this clock: back to the fallback.
-    row = _step(core, 21.6)
+    assert _step(core, 22.9).electrical.budget_w == 7_000.0
+    row = _step(core, 23.1)
     assert (row.electrical.budget_w, row.electrical.origin) == (6_000.0, "fallback")
 
 

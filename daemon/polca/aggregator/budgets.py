@@ -83,6 +83,8 @@ class SiteBudgets:
     window: ClockWindow
     refused: Counter[str] = field(default_factory=Counter)
     """Budget messages refused, by verdict."""
+    moved: bool = False
+    """Whether the last budget offered changed its row's leased budget (``offer``)."""
     _fence: LeaseFence = field(init=False)
     _leases: dict[str, _Lease] = field(default_factory=dict)  # owned rows only
     _feeds: dict[str, dict[str, FeedState]] = field(default_factory=dict)
@@ -104,7 +106,13 @@ class SiteBudgets:
         received_wall_ns: int,
         retained: bool,
     ) -> BudgetVerdict:
-        """Consider one budget message received at these times (monotonic and Unix ns)."""
+        """Consider one budget message received at these times (monotonic and Unix ns).
+
+        ``moved`` says afterwards whether it changed the row's leased budget (a new value,
+        another limiting domain, or a lease where there was none): a renewal of the same
+        budget, every second, needs no control step of its own.
+        """
+        self.moved = False
         verdict = self._judge(
             budget,
             received_mono_ns=received_mono_ns,
@@ -141,6 +149,13 @@ class SiteBudgets:
         if verdict == "granted":
             expires = received_mono_ns + granted_ns
             self._fence.accept(budget.row, stamp, expires_mono_ns=expires)
+            before = self._leases.get(budget.row)
+            self.moved = (
+                before is None
+                or before.expires_mono_ns <= received_mono_ns
+                or (before.budget.budget_w, before.budget.limited_by)
+                != (budget.budget_w, budget.limited_by)
+            )
             self._leases[budget.row] = _Lease(budget, expires)
         return verdict
 

@@ -467,7 +467,8 @@ class Intake:
         return self.trackers[row].ingest_meter(meter, now_s) or feeds_changed
 
     def _budget(self, message: InMessage, now_s: float) -> Urgent | None:
-        """A leased budget for one of our rows: taken (step now) or counted and dropped."""
+        """A leased budget for one of our rows: taken (a step now when it moved the row's
+        budget) or counted and dropped."""
         if not message.payload or self.budgets is None:
             return None  # a retained budget being cleared: the lease runs out on its own
         budget = decode(message.payload, Budget)
@@ -485,7 +486,7 @@ class Intake:
                 detail=f"issuer {budget.issuer!r} term {budget.term} seq {budget.seq}",
             )
             return None
-        return URGENT
+        return URGENT if self.budgets.moved else None  # a renewal needs no step of its own
 
     def _cdu(self, message: InMessage, now_s: float) -> CduIn:
         cdu = decode(message.payload, CduTelemetry)
