@@ -368,7 +368,11 @@ def _agents(args: argparse.Namespace) -> dict[str, Any]:
             after = sorted(t for t in times if t >= t0)
             # The caps are in force when every GPU has had its write: the n-th one.
             done = after[args.gpus - 1] if len(after) >= args.gpus else None
-            out[node] = {"writes": len(after), "capped_ns": done}
+            out[node] = {
+                "writes": len(after),
+                "capped_ns": done,
+                "first_ns": after[0] if after else None,
+            }
             times[:] = after  # bounded: only what a later trial can still ask for
         return out
 
