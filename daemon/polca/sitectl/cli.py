@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+import structlog
+
 from polca import logs
 from polca.exits import run_process
 from polca.powertree.sitefile import SiteFileError, describe, load_site
@@ -63,7 +65,13 @@ def _settings(args: argparse.Namespace) -> SiteSettings:
 async def _run(args: argparse.Namespace, settings: SiteSettings) -> None:
     from polca.sitectl.runtime import SiteController  # noqa: PLC0415
 
-    tree = load_site(settings.tree_file)  # a bad site file: every problem, exit 78
+    try:
+        tree = load_site(settings.tree_file)
+    except SiteFileError as exc:  # every problem in the journal, then exit 78
+        log = structlog.get_logger()
+        for problem in exc.problems:
+            log.error("site_file_problem", problem=problem)
+        raise
     await SiteController(settings, tree, sinks=_sinks(settings)).run(duration_s=args.duration)
 
 
