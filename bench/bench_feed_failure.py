@@ -62,6 +62,7 @@ from bench.benchkit import (  # noqa: E402
     proc_cpu_s,
     release_policy,
     site_node,
+    wait_for,
     write_result,
 )
 
@@ -124,17 +125,6 @@ class Watch:
         """Stop the client."""
         self.client.loop_stop()
         self.client.disconnect()
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until true; RuntimeError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    msg = f"timed out after {timeout_s} s waiting for {what}"
-    raise RuntimeError(msg)
 
 
 def _configs(

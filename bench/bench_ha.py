@@ -42,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.benchkit import Child, median, release_policy, write_result  # noqa: E402
+from bench.benchkit import Child, median, release_policy, wait_for, write_result  # noqa: E402
 
 SITE, ROW = "bench", "row1"
 INSTANCES = ("agg-a", "agg-b")
@@ -104,17 +104,6 @@ class Watch:
         self._stop.set()
         self.client.loop_stop()
         self.client.disconnect()
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until true; RuntimeError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    msg = f"timed out after {timeout_s} s waiting for {what}"
-    raise RuntimeError(msg)
 
 
 def aggregator_config(

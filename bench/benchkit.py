@@ -864,6 +864,17 @@ def stop_all(children: Sequence[Child], timeout_s: float = 30.0) -> None:
         child.stop(timeout_s=timeout_s)
 
 
+def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` until true; RuntimeError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    msg = f"timed out after {timeout_s} s waiting for {what}"
+    raise RuntimeError(msg)
+
+
 def write_result(path: Path, result: dict[str, Any]) -> None:
     """A benchmark's figures as JSON at ``path`` (under ``bench/results/`` by default)."""
     path.parent.mkdir(parents=True, exist_ok=True)

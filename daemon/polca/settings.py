@@ -443,6 +443,28 @@ def broker_override(broker: str | None) -> dict[str, Any]:
     return {"host": host, "port": int(port)}
 
 
+class OneShotSettings(ProcessSettings):
+    """A one-shot command's settings (``polca assign``, ``polca budget``): the broker (its
+    ``mqtt`` group), the site and the topic root."""
+
+    topic_root: TopicRoot = DEFAULT_TOPIC_ROOT
+    site: SiteName = "site"
+
+
+def load_one_shot_settings(cls: type[SettingsT], args: Any) -> SettingsT:
+    """A one-shot command's settings: ``--config`` with its ``--broker``, ``--username``,
+    ``--password-file`` and ``--site`` options over them."""
+    mqtt: dict[str, Any] = broker_override(args.broker)
+    if args.username is not None:
+        mqtt["username"] = args.username
+    if args.password_file is not None:
+        mqtt["password_file"] = args.password_file
+    over: dict[str, Any] = {"mqtt": mqtt} if mqtt else {}
+    if args.site is not None:
+        over["site"] = args.site
+    return load_settings_as(cls, args.config, **over)
+
+
 def source_overrides(
     *,
     broker: str | None,

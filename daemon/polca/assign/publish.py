@@ -63,7 +63,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -79,12 +78,10 @@ from polca.exits import (
     one_shot_code,
 )
 from polca.settings import (
-    DEFAULT_TOPIC_ROOT,
     TOPIC_SEGMENT,
     MqttSettings,
-    ProcessSettings,
-    SiteName,
-    TopicRoot,
+    OneShotSettings,
+    load_one_shot_settings,
 )
 from polca.telemetry.bus import MqttBus
 from polca.telemetry.messages import InMessage, OutMessage
@@ -116,11 +113,8 @@ ECHO_MIN_S = 1.0
 _SEGMENT = re.compile(TOPIC_SEGMENT)
 
 
-class AssignSettings(ProcessSettings):
+class AssignSettings(OneShotSettings):
     """Settings of ``polca assign`` (YAML via ``--config``, ``POLCA_*`` env)."""
-
-    topic_root: TopicRoot = DEFAULT_TOPIC_ROOT
-    site: SiteName = "site"
 
 
 class NodeNotFoundError(PolcaError):
@@ -268,23 +262,7 @@ def _request(args: argparse.Namespace) -> _Request:
 
 
 def _settings(args: argparse.Namespace) -> AssignSettings:
-    from polca.settings import load_settings_as  # noqa: PLC0415
-
-    mqtt: dict[str, Any] = {}
-    if args.broker:
-        host, sep, port = args.broker.rpartition(":")
-        if sep and not port.isdigit():
-            msg = f"--broker {args.broker!r}: expected host[:port]"
-            raise ConfigError(msg)
-        mqtt.update({"host": host, "port": int(port)} if sep else {"host": args.broker})
-    if args.username is not None:
-        mqtt["username"] = args.username
-    if args.password_file is not None:
-        mqtt["password_file"] = args.password_file
-    over: dict[str, Any] = {"mqtt": mqtt} if mqtt else {}
-    if args.site is not None:
-        over["site"] = args.site
-    return load_settings_as(AssignSettings, args.config, **over)
+    return load_one_shot_settings(AssignSettings, args)
 
 
 async def assign(

@@ -59,14 +59,7 @@ from polca.exits import (
     EX_UNAVAILABLE,
     one_shot_code,
 )
-from polca.settings import (
-    DEFAULT_TOPIC_ROOT,
-    MqttSettings,
-    ProcessSettings,
-    SiteName,
-    TopicRoot,
-    broker_override,
-)
+from polca.settings import MqttSettings, OneShotSettings, load_one_shot_settings
 from polca.telemetry.bus import MqttBus
 from polca.telemetry.messages import InMessage, OutMessage
 from polca.telemetry.schema import Budget, BudgetLimit, SiteReport, decode, encode
@@ -81,11 +74,8 @@ _SPAN_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _MAX_WINDOW_S = 366 * 86400
 
 
-class BudgetSettings(ProcessSettings):
+class BudgetSettings(OneShotSettings):
     """Settings of ``polca budget`` (YAML via ``--config``, ``POLCA_*`` env)."""
-
-    topic_root: TopicRoot = DEFAULT_TOPIC_ROOT
-    site: SiteName = "site"
 
 
 class RefusedError(PolcaError):
@@ -167,17 +157,7 @@ def _fail(args: argparse.Namespace, exc: BaseException, code: int) -> int:
 
 
 def _settings(args: argparse.Namespace) -> BudgetSettings:
-    from polca.settings import load_settings_as  # noqa: PLC0415
-
-    mqtt: dict[str, Any] = broker_override(args.broker)
-    if args.username is not None:
-        mqtt["username"] = args.username
-    if args.password_file is not None:
-        mqtt["password_file"] = args.password_file
-    over: dict[str, Any] = {"mqtt": mqtt} if mqtt else {}
-    if args.site is not None:
-        over["site"] = args.site
-    return load_settings_as(BudgetSettings, args.config, **over)
+    return load_one_shot_settings(BudgetSettings, args)
 
 
 def _seconds(text: str, what: str) -> float:
