@@ -97,11 +97,13 @@ def _budget(
     )
 
 
-def _meter(*, states: dict[str, str], missing: dict[str, str] | None = None) -> bytes:
+def _meter(
+    *, states: dict[str, str], missing: dict[str, str] | None = None, power_w: float = 5_000.0
+) -> bytes:
     return encode(
         Meter(
             ts_ns=WALL,
-            power_w=5_000.0,
+            power_w=power_w,
             sources=len(states),
             partial=bool(missing),
             missing=missing or {},
@@ -321,3 +323,50 @@ def test_no_sequence_of_messages_takes_a_row_above_its_budget_or_a_loss_raises_i
         assert 0 <= in_force.budget_w <= spec.budget_w
         if in_force.origin == "fallback":
             assert in_force.budget_w == spec.fallback_budget_w
+
+
+def test_a_feeds_loss_brakes_a_node_whose_agent_is_quiet_through_its_bmc(
+    tmp_path: Path,
+) -> None:
+    """The cut to the surviving feed raises the row's level at once; n1, whose agent went
+    quiet, is capped through its BMC (the out-of-band path), n2 (no BMC) is not."""
+    settings = AggregatorSettings(
+        site="dc1",
+        instance="agg",
+        policy_file=POLICY,
+        state_dir=tmp_path,
+        rows=[_row(fallback_budget_w=None, meter_max_w=12_000.0)],
+        control={"warmup_s": 0.0, "stale_after_s": 5.0, "lease_s": 10.0},
+        bmc={
+            "agent_back_s": 0.0,
+            "nodes": {
+                "n1": {
+                    "endpoint": {"url": "http://127.0.0.1:9", "allow_http": True},
+                    "fail_safe_w": 2500.0,
+                }
+            },
+        },
+    )
+    store = PolicyStore(POLICY)
+    store.reload()
+    core = AggregatorCore(settings, policy_store=store, epoch_ns=1, log=structlog.get_logger())
+    core.rows.start(0.0)
+    both = _meter(states={"pdu-a": "up", "pdu-b": "up"}, power_w=7_000.0)
+    for node in ("n1", "n2"):
+        _send(core, f"r1/{node}/telemetry", _telemetry(node), now_s=1.0)
+    _send(core, "meter", both, now_s=1.0)
+    calm = core.step(1.0, now_ns=WALL, now_mono_ns=S)
+    assert calm is not None
+    assert calm.result.rows[0].decision.level == 0
+    assert calm.oob == []
+    # Both agents fall quiet (stale after 5 s); then feed B's breaker trips.
+    _send(core, "meter", both, now_s=7.0)
+    assert core.step(7.0, now_ns=WALL, now_mono_ns=7 * S).oob == []  # type: ignore[union-attr]
+    tripped = _meter(states={"pdu-a": "up", "pdu-b": "down"}, power_w=7_000.0)
+    assert _send(core, "meter", tripped, now_s=7.5)
+    cut = core.step(7.5, now_ns=WALL, now_mono_ns=round(7.5 * S))
+    assert cut is not None
+    row = cut.result.rows[0]
+    assert (row.electrical.budget_w, row.electrical.origin) == (6_000.0, "feeds")
+    assert row.decision.level >= 2
+    assert [(t.node, t.watts) for t in cut.oob] == [("n1", 2500.0)]
