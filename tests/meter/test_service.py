@@ -121,6 +121,45 @@ async def test_a_slow_source_is_a_timeout_within_the_bound() -> None:
     assert time.monotonic() - started < 2.0
 
 
+async def test_each_row_is_published_when_its_own_sources_have_answered() -> None:
+    """A row whose device has not answered does not hold back another row's reading (a
+    feed's trip reaches the aggregator after its own row's reads): the slow PDU answers
+    only once the fast row's reading is out."""
+    fast_out = asyncio.Event()
+
+    class Waiting:
+        def __init__(self, name: str, until: asyncio.Event | None) -> None:
+            self.name, self.until = name, until
+
+        async def read(self) -> SourceReading:
+            if self.until is not None:
+                await self.until.wait()
+            return SourceReading(1000.0, "device power", equipment="up")
+
+        async def close(self) -> None:
+            return None
+
+    class Signalling(Collect):
+        def publish_nowait(self, msg: OutMessage) -> None:
+            super().publish_nowait(msg)
+            fast_out.set()
+
+    bus = Signalling()
+    rows = [
+        MeterRow("slow", "polca/v1/dc1/slow/meter", (Waiting("pdu-s", fast_out),)),
+        MeterRow("fast", "polca/v1/dc1/fast/meter", (Waiting("pdu-f", None),)),
+    ]
+    published = await asyncio.wait_for(
+        meter_once(bus, rows, sources_log=SourceLog(), read_timeout_s=30.0), timeout=20.0
+    )
+    assert [m.topic for m in bus.messages] == [
+        "polca/v1/dc1/fast/meter",
+        "polca/v1/dc1/slow/meter",
+    ]
+    assert [row.row for row, _ in published] == ["slow", "fast"]  # in the rows' order
+    assert decode(bus.messages[0].payload, Meter).states["pdu-f"].equipment == "up"
+
+
 def _config(tmp_path: Path, broker: MosquittoProcess, agent: SnmpSimProcess) -> Path:
     community = tmp_path / "community"
     community.write_text("apc\n", encoding="utf-8")

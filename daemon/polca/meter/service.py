@@ -2,8 +2,8 @@
 
 ``meter_once`` is one round: every source of every row is read concurrently (each bounded
 by ``read_timeout_s``), each row's results become its ``Meter`` message (``meter/row.py``:
-whole, or ``partial`` when a source failed) published at QoS 0, not retained, on the row's
-meter topic, and what changed about a source is logged once (``SourceLog``). ``run_meter``
+whole, or ``partial`` when a source failed), published at QoS 0, not retained, on the
+row's meter topic as soon as that row's sources have answered, and what changed about a source is logged once (``SourceLog``). ``run_meter``
 repeats it every ``interval_s`` on ``loop.time()`` (a late round is skipped, not bunched).
 
 A source's failure is its row's problem, never the service's: a source that raises
@@ -80,25 +80,28 @@ async def meter_once(
     now_ns: Callable[[], int] = time.time_ns,
     internal: DropLog | None = None,
 ) -> list[tuple[MeterRow, Meter]]:
-    """Read every source once, publish each row's reading; the rows and their readings."""
-    reads = [
-        read_source(source, timeout_s=read_timeout_s, internal=internal)
-        for row in rows
-        for source in row.sources
-    ]
-    results = iter(await asyncio.gather(*reads))
-    done_s, stamp_ns = now_s(), now_ns()
-    published: list[tuple[MeterRow, Meter]] = []
-    for row in rows:
-        named = [(source.name, next(results)) for source in row.sources]
+    """Read every source once, publish each row's reading; the rows and their readings.
+
+    Each row is published as soon as its own sources have answered (or timed out), not
+    when the slowest source of the site has: a feed's trip reaches the aggregator after its
+    row's reads, whatever the other rows' devices take.
+    """
+
+    async def one_row(row: MeterRow) -> tuple[MeterRow, Meter]:
+        results = await asyncio.gather(
+            *(read_source(s, timeout_s=read_timeout_s, internal=internal) for s in row.sources)
+        )
+        done_s, stamp_ns = now_s(), now_ns()
+        named = [(source.name, result) for source, result in zip(row.sources, results, strict=True)]
         for name, result in named:
             for change in sources_log.note(f"{row.row}/{name}", result, done_s):
                 emit = log.warning if change.event == "meter_source_failed" else log.info
                 emit(change.event, row=row.row, **change.fields)
         meter = row_meter(named, now_ns=stamp_ns)
         bus.publish_nowait(OutMessage(row.topic, encode(meter), qos=0))
-        published.append((row, meter))
-    return published
+        return row, meter
+
+    return list(await asyncio.gather(*(one_row(row) for row in rows)))
 
 
 class RoundTimes:
