@@ -49,6 +49,8 @@ def _demo(args: argparse.Namespace, record: Path) -> str:
                 str(args.seed),
                 "--incident-at",
                 "-1",
+                "--feed-loss-at",
+                "-1",
                 "--broker",
                 f"{broker.host}:{broker.port}",
                 "--record",

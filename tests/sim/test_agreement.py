@@ -66,7 +66,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
         result = subprocess.run(
             [
                 *(sys.executable, "-m", "polca", "demo"),
-                *("--duration", str(DURATION_S), "--incident-at", "-1"),
+                *("--duration", str(DURATION_S), "--incident-at", "-1", "--feed-loss-at", "-1"),
                 *("--budget-w", str(BUDGET_W), "--tenants", "1", "--offset-s", "180"),
                 *("--policy", str(POLICY_FILE)),
                 *("--broker", f"{broker.host}:{broker.port}", "--record", str(work / "run")),
