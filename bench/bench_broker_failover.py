@@ -63,13 +63,13 @@ from bench.bench_ha import (  # noqa: E402
     TARGET_S,
     aggregator_config,
     start_aggregator,
-    wait_for,
 )
 from bench.benchkit import (  # noqa: E402
     Child,
     median,
     percentile,
     release_policy,
+    wait_for,
     write_result,
 )
 

@@ -3,8 +3,9 @@
 ``meter_once`` is one round: every source of every row is read concurrently (each bounded
 by ``read_timeout_s``), each row's results become its ``Meter`` message (``meter/row.py``:
 whole, or ``partial`` when a source failed), published at QoS 0, not retained, on the
-row's meter topic as soon as that row's sources have answered, and what changed about a source is logged once (``SourceLog``). ``run_meter``
-repeats it every ``interval_s`` on ``loop.time()`` (a late round is skipped, not bunched).
+row's meter topic as soon as that row's sources have answered, and what changed about a
+source is logged once (``SourceLog``). ``run_meter`` repeats it every ``interval_s`` on
+``loop.time()`` (a late round is skipped, not bunched).
 
 A source's failure is its row's problem, never the service's: a source that raises
 anything but cancellation is counted by reason and its row published as partial; an
