@@ -5,7 +5,11 @@ Times are passed in; the tree is the example's shape (two rows on a UPS fed by A
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from polca.coord.leadership import Leadership
 from polca.powertree.model import SiteTree, build_tree
@@ -23,6 +27,7 @@ from polca.telemetry.schema import (
     decode,
     encode,
 )
+from tests.fuzzing import FUZZ
 
 S = 1_000_000_000
 WALL = 1_700_000_000 * S
@@ -231,3 +236,74 @@ def test_a_limit_window_ends_on_this_clock_and_a_forged_one_changes_nothing() ->
     core.receive(_msg("powertree/limit/ups-a", past), 12.0)
     assert core.limits == {}
     assert sum(b.budget_w for b in _budgets(core, 12.0).values()) == 600_000
+
+
+_TOPICS = st.sampled_from(
+    [
+        "row1/summary",
+        "row9/summary",
+        "row1/meter",
+        "meters/meter",
+        "powertree/limit/ups-a",
+        "powertree/limit/ups-z",
+        "powertree/state",
+        "row1/budget",
+    ]
+)
+_STATE = st.fixed_dictionaries(
+    {"equipment": st.sampled_from(["up", "down", "unknown", "off", 3])},
+    optional={"on_battery": st.one_of(st.booleans(), st.integers())},
+)
+_PAYLOADS = st.one_of(
+    st.binary(max_size=200),
+    st.builds(
+        lambda states, missing: json.dumps(
+            {
+                "schema_version": 1,
+                "kind": "meter",
+                "ts_ns": WALL,
+                "power_w": 1.0,
+                "states": states,
+                "missing": missing,
+            }
+        ).encode(),
+        st.dictionaries(
+            st.sampled_from(["ups-a-in", "pdu-b", "x" * 200, "ok"]), _STATE, max_size=3
+        ),
+        st.dictionaries(st.sampled_from(["ups-a-in", "pdu-b"]), st.sampled_from(["timeout", "x"])),
+    ),
+    st.builds(
+        lambda domain, watts, until: json.dumps(
+            {
+                "schema_version": 1,
+                "kind": "budget_limit",
+                "ts_ns": WALL,
+                "domain": domain,
+                "watts": watts,
+                "until_ns": until,
+                "reason": "r",
+                "by": "b",
+            }
+        ).encode(),
+        st.sampled_from(["ups-a", "ups-z", ""]),
+        st.one_of(st.none(), st.floats(allow_nan=True), st.integers(-5, 10**13)),
+        st.one_of(st.none(), st.integers(-(2**70), 2**70)),
+    ),
+)
+
+
+@FUZZ
+@given(st.lists(st.tuples(_TOPICS, _PAYLOADS, st.booleans()), max_size=20))
+def test_any_message_on_any_topic_is_taken_or_counted_and_never_grows_the_state(
+    messages: list[tuple[str, bytes, bool]],
+) -> None:
+    core = _core()
+    for i, (topic, payload, retain) in enumerate(messages):
+        core.receive(_msg(topic, payload, retain=retain), float(i))
+    assert set(core.rows) <= {"row1", "row2"}
+    assert set(core.limits) <= {"ups-a"}
+    assert set(core.feeds) <= {("ups-a", "A"), ("ups-a", "B")}
+    assert set(core.on_battery) <= {"ups-a"}
+    step = core.step(float(len(messages)), now_ns=WALL, now_mono_ns=S)
+    for name, watts in step.allocation.budget_w.items():
+        assert 0.0 <= watts <= core.tree.rating_w(name) + 1e-6
