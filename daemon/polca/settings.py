@@ -248,6 +248,17 @@ TopicRoot = Annotated[
 ]
 """Where a process's topics start (``topic_root``, the agent's ``topics.root``)."""
 
+DarkPollsDown = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=1000,
+        description="Meter readings with every source of a loss_means_down feed "
+        "unreachable, after which the feed is down.",
+    ),
+]
+"""The one rule of a feed gone dark (the aggregator's ``site_budget``, ``polca site``)."""
+
 SiteName = Annotated[
     str,
     Field(

@@ -705,7 +705,7 @@ def _tree_lines(t: int, ts_ms: int, row_w: float) -> list[str]:
     allocation = allocate(TREE, state, {ROW: demand})
     measured = {ROW: row_w, "ups-a": row_w, "swb-1": row_w}
     stale = (ROW,) if t in SUMMARY_STALE else ()
-    step = SiteStep(allocation, state, measured, stale, [])
+    step = SiteStep.of(TREE, allocation, state, measured, stale)
     written = site_points.step_points(
         step, TREE, site=SITE, ts_ns=ts_ms * 1_000_000, leadership=Leadership()
     )

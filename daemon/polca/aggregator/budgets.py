@@ -20,7 +20,7 @@ raise it. Every refusal is counted by verdict.
 
 A feed's state comes from the row meter's readings (``Meter.states``: what each source's
 equipment says; ``Meter.missing``: the sources that did not answer), folded by
-``powertree/capacity.py`` ``next_feed_state`` and judged by ``feed_up``.
+``powertree/capacity.py`` ``fold_feeds`` and judged by ``feed_up``.
 
 What it must not do: read a clock (times come in) or the bus.
 """
@@ -29,16 +29,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from polca.aggregator.config import RowSpec, SiteBudgetSettings
 from polca.aggregator.rollup import NodeHealth, NodeView
 from polca.coord.fencing import FenceVerdict, LeaseFence, Stamp
 from polca.policy import Policy
-from polca.powertree.capacity import FeedState, feed_up, feeds_up_w, next_feed_state
+from polca.powertree.capacity import FeedState, feed_up, fold_feeds
 from polca.telemetry.checks import ClockWindow
-from polca.telemetry.schema import Budget, BudgetOrigin, Meter
+from polca.telemetry.schema import LOST_CONTACT_REASONS, Budget, BudgetOrigin, Meter
 
 __all__ = [
     "BudgetInForce",
@@ -49,8 +49,6 @@ __all__ = [
 ]
 
 BudgetVerdict = FenceVerdict | Literal["foreign", "issuer"]
-DARK_REASONS = frozenset({"unreachable", "timeout"})
-"""The meter's reasons for a source that did not answer at all (loss of contact)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,21 +162,13 @@ class SiteBudgets:
         spec = self.rows.get(row)
         if spec is None or not spec.feeds:
             return False
-        equipment = {name: state.equipment for name, state in meter.states.items()}
-        dark = frozenset(name for name, why in meter.missing.items() if why in DARK_REASONS)
-        states = self._feeds.setdefault(row, {})
-        down = self.settings.dark_polls_down
-        changed = False
-        for spec_feed in spec.feeds:
-            feed = spec_feed.feed()
-            before = states.get(feed.name)
-            after = next_feed_state(feed, before, equipment=equipment, dark=dark)
-            if after is None:
-                continue
-            states[feed.name] = after
-            was_up = feed_up(feed, before, dark_polls_down=down)
-            changed |= was_up != feed_up(feed, after, dark_polls_down=down)
-        return changed
+        return fold_feeds(
+            {f.name: f.feed() for f in spec.feeds},
+            self._feeds.setdefault(row, {}),
+            equipment={name: state.equipment for name, state in meter.states.items()},
+            dark=frozenset(n for n, why in meter.missing.items() if why in LOST_CONTACT_REASONS),
+            dark_polls_down=self.settings.dark_polls_down,
+        )
 
     def feeds(self, row: str) -> dict[str, bool]:
         """Each listed feed of ``row``: whether it is up."""
@@ -203,20 +193,14 @@ class SiteBudgets:
                     best = BudgetInForce(leased_w, "lease", lease.budget.limited_by)
             elif spec.fallback_budget_w < best.budget_w:
                 best = BudgetInForce(spec.fallback_budget_w, "fallback")
-        if spec.feeds:
-            feeds = [f.feed() for f in spec.feeds]
-            states = self._feeds.get(row, {})
-            up_w = feeds_up_w(feeds, states, dark_polls_down=self.settings.dark_polls_down)
+        feeds = self.feeds(row)
+        if feeds:
+            up_w = sum(f.rating_w for f in spec.feeds if feeds[f.name])
             if up_w < best.budget_w:
-                down = [name for name, up in self.feeds(row).items() if not up]
+                down = [name for name, up in feeds.items() if not up]
                 best = BudgetInForce(up_w, "feeds", "feed " + ", ".join(down) if down else None)
-        return BudgetInForce(
-            best.budget_w,
-            best.origin,
-            best.limited_by,
-            leased_w=leased_w,
-            lease_expires_mono_ns=expires,
-            feeds=tuple(self.feeds(row).items()),
+        return replace(
+            best, leased_w=leased_w, lease_expires_mono_ns=expires, feeds=tuple(feeds.items())
         )
 
 

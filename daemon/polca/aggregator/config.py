@@ -24,6 +24,7 @@ from polca.powertree.model import Feed
 from polca.settings import (
     DEFAULT_TOPIC_ROOT,
     TOPIC_SEGMENT,
+    DarkPollsDown,
     InfluxSettings,
     ProcessSettings,
     SiteName,
@@ -200,13 +201,7 @@ class SiteBudgetSettings(_Model):
     max_lease_s: float = Field(
         60.0, gt=0, le=3600, description="The longest lease one budget message grants."
     )
-    dark_polls_down: int = Field(
-        3,
-        ge=1,
-        le=1000,
-        description="Meter readings in a row with every source of a loss_means_down feed "
-        "unreachable, after which the feed is down.",
-    )
+    dark_polls_down: DarkPollsDown = 3
 
 
 SINGLE_BROKER_LEASE_S: Final = 10.0

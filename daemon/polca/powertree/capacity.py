@@ -17,12 +17,15 @@ the caller.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from polca.powertree.model import Domain, Feed, SiteTree
 from polca.readings import EquipmentState
+
+K = TypeVar("K")
 
 __all__ = [
     "FeedState",
@@ -31,6 +34,7 @@ __all__ = [
     "domain_capacity_w",
     "feed_up",
     "feeds_up_w",
+    "fold_feeds",
     "next_feed_state",
 ]
 
@@ -109,6 +113,29 @@ def next_feed_state(
         said = "unknown"
     dark_polls = (previous.dark_polls if previous is not None else 0) + 1 if not answered else 0
     return FeedState(said, dark_polls)
+
+
+def fold_feeds(
+    feeds: Mapping[K, Feed],
+    states: MutableMapping[K, FeedState],
+    *,
+    equipment: Mapping[str, EquipmentState],
+    dark: AbstractSet[str],
+    dark_polls_down: int,
+) -> bool:
+    """Fold one meter report into the ``states`` of ``feeds`` (each keyed as the caller
+    keeps them: a row's feed name, a domain's ``(domain, feed)``); True when a feed went
+    up or down by it (``feed_up``), which is when the budgets must be looked at again."""
+    moved = False
+    for key, feed in feeds.items():
+        before = states.get(key)
+        after = next_feed_state(feed, before, equipment=equipment, dark=dark)
+        if after is None:
+            continue
+        states[key] = after
+        was_up = feed_up(feed, before, dark_polls_down=dark_polls_down)
+        moved |= was_up != feed_up(feed, after, dark_polls_down=dark_polls_down)
+    return moved
 
 
 def domain_capacity_w(domain: Domain, state: SiteState) -> float:

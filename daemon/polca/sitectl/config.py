@@ -22,6 +22,7 @@ from polca.coord.config import HaSettings
 from polca.settings import (
     DEFAULT_TOPIC_ROOT,
     TOPIC_SEGMENT,
+    DarkPollsDown,
     InfluxSettings,
     ProcessSettings,
     SiteName,
@@ -54,13 +55,7 @@ class SiteSettings(ProcessSettings):
         description="How long a row may run on a budget without a newer one: longer than a "
         "standby's takeover, so rows hold their budgets through a failover.",
     )
-    dark_polls_down: int = Field(
-        3,
-        ge=1,
-        le=1000,
-        description="Meter readings with every source of a loss_means_down feed "
-        "unreachable, after which the feed is down.",
-    )
+    dark_polls_down: DarkPollsDown = 3
     summary_max_age_s: float = Field(
         10.0,
         gt=0,

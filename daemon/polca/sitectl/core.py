@@ -27,20 +27,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
 from polca.coord.leadership import Leadership
 from polca.errors import SchemaError
 from polca.powertree.allocate import Allocation, RowDemand, allocate
-from polca.powertree.capacity import FeedState, SiteState, capacities_w, feed_up, next_feed_state
+from polca.powertree.capacity import FeedState, SiteState, capacities_w, feed_up, fold_feeds
 from polca.powertree.model import Feed, SiteTree
 from polca.readings import EquipmentState
 from polca.sitectl.config import SiteSettings
 from polca.telemetry.checks import DropLog, check_identity
 from polca.telemetry.messages import InMessage, OutMessage, topic_matches
 from polca.telemetry.schema import (
+    LOST_CONTACT_REASONS,
     Budget,
     BudgetLimit,
     BudgetOrigin,
@@ -58,7 +59,6 @@ from polca.telemetry.topics import Topics
 __all__ = ["DomainLimit", "RowSeen", "SiteCore", "SiteStep"]
 
 _log = structlog.get_logger()
-_DARK = frozenset({"unreachable", "timeout"})
 _REPORT_MAX = 512  # domains and rows in one report (the wire's bound)
 
 
@@ -94,7 +94,31 @@ class SiteStep:
     """Each row's and domain's power, from the rows' summaries."""
     stale_rows: tuple[str, ...]
     """Rows without a summary within ``summary_max_age_s`` (their last demand is used)."""
-    messages: list[OutMessage]
+    unlimited_w: Mapping[str, float]
+    """Each domain's capacity now without the operators' limits (what a limit may lower)."""
+    feeds_up: Mapping[tuple[str, str], bool]
+    """Each (domain, feed) of the tree: whether it counts as up now."""
+    messages: list[OutMessage] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls,
+        tree: SiteTree,
+        allocation: Allocation,
+        state: SiteState,
+        measured_w: Mapping[str, float],
+        stale_rows: tuple[str, ...],
+    ) -> SiteStep:
+        """A step with what the report, the points and the logs read of it, derived once."""
+        feeds_up = {
+            (name, feed.name): feed_up(
+                feed, state.feeds.get((name, feed.name)), dark_polls_down=state.dark_polls_down
+            )
+            for name, domain in tree.domains.items()
+            for feed in domain.feeds
+        }
+        unlimited_w = capacities_w(tree, replace(state, limits_w={}))
+        return cls(allocation, state, measured_w, stale_rows, unlimited_w, feeds_up)
 
 
 @dataclass(slots=True)
@@ -116,6 +140,7 @@ class SiteCore:
     topics: Topics = field(init=False)
     _sources: dict[str, list[tuple[str, Feed]]] = field(default_factory=dict)
     _battery: set[str] = field(default_factory=set)  # sources whose UPS is on battery
+    _rows_under: dict[str, list[str]] = field(default_factory=dict)  # domain -> its rows
     _meter_filters: tuple[str, ...] = ()
     _summary_topics: dict[str, str] = field(default_factory=dict)  # topic -> row
     _limit_topics: dict[str, str] = field(default_factory=dict)  # topic -> domain
@@ -135,6 +160,9 @@ class SiteCore:
         self._limit_topics = {
             self.topics.budget_limit(self.settings.site, name): name for name in self.tree.domains
         }
+        for row in self.tree.rows:
+            for name in self.tree.chain(row):
+                self._rows_under.setdefault(name, []).append(row)
         default = self.topics.meter(self.settings.site, "+")
         self._meter_filters = (default, *self.settings.meter_topics)
 
@@ -197,20 +225,18 @@ class SiteCore:
                 if key in self._sources:  # remembered for the site file's sources only
                     (self._battery.add if state.on_battery else self._battery.discard)(key)
         for name, why in meter.missing.items():
-            if why in _DARK:
+            if why in LOST_CONTACT_REASONS:
                 dark.update((name, f"{group}/{name}"))
-        changed = False
         touched = {
             (d, f.name): f for key in (*equipment, *dark) for d, f in self._sources.get(key, ())
         }
-        for (domain, name), feed in touched.items():
-            before = self.feeds.get((domain, name))
-            after = next_feed_state(feed, before, equipment=equipment, dark=dark)
-            if after is None or after == before:
-                continue
-            self.feeds[(domain, name)] = after
-            changed |= before is None or after.equipment != before.equipment
-            changed |= after.dark_polls == self.settings.dark_polls_down
+        changed = fold_feeds(
+            touched,
+            self.feeds,
+            equipment=equipment,
+            dark=dark,
+            dark_polls_down=self.settings.dark_polls_down,
+        )
         for domain in {d for d, _ in touched}:
             feeds = self.tree.domains[domain].feeds
             now = any(source in self._battery for f in feeds for source in f.sources)
@@ -274,36 +300,26 @@ class SiteCore:
         demands = {row: seen.demand for row, seen in self.rows.items()}
         allocation = allocate(self.tree, state, demands)
         measured: dict[str, float] = {row: seen.power_w for row, seen in self.rows.items()}
-        for name in self.tree.domains:
-            measured[name] = sum(measured.get(row, 0.0) for row in self._rows_under(name))
+        for name, rows in self._rows_under.items():
+            measured[name] = sum(measured.get(row, 0.0) for row in rows)
         max_age_s = self.settings.summary_max_age_s
         stale = tuple(
             row
             for row in self.tree.rows
             if row not in self.rows or now_s - self.rows[row].received_s > max_age_s
         )
-        messages: list[OutMessage] = []
+        stepped = SiteStep.of(self.tree, allocation, state, measured, stale)
         if self.leadership.may_publish(now_mono_ns):
             self.seq += 1
-            messages = [self._budget(row, allocation, now_ns) for row in self.tree.rows]
-            report = self.report(allocation, state, measured, stale, now_ns=now_ns)
+            stepped.messages.extend(self._budget(row, allocation, now_ns) for row in self.tree.rows)
+            report = self.report(stepped, now_ns=now_ns)
             topic = self.topics.site_report(self.settings.site)
-            messages.append(OutMessage(topic, encode(report), qos=1, retain=True))
-        return SiteStep(allocation, state, measured, stale, messages)
+            stepped.messages.append(OutMessage(topic, encode(report), qos=1, retain=True))
+        return stepped
 
-    def report(
-        self,
-        allocation: Allocation,
-        state: SiteState,
-        measured: Mapping[str, float],
-        stale: tuple[str, ...],
-        *,
-        now_ns: int,
-    ) -> SiteReport:
-        """The tree as this step saw it (``polca budget show``), cut to the wire's bounds."""
-        unlimited = capacities_w(
-            self.tree, SiteState(state.feeds, state.on_battery, state.dark_polls_down)
-        )
+    def report(self, step: SiteStep, *, now_ns: int) -> SiteReport:
+        """The tree as ``step`` saw it (``polca budget show``), cut to the wire's bounds."""
+        allocation, state, measured = step.allocation, step.state, step.measured_w
         domains = []
         for name, domain in self.tree.domains.items():
             limit = self.limits.get(name)
@@ -314,7 +330,7 @@ class SiteCore:
                     FeedReport(
                         name=feed.name,
                         rating_w=feed.rating_w,
-                        up=feed_up(feed, known, dark_polls_down=state.dark_polls_down),
+                        up=step.feeds_up[(name, feed.name)],
                         equipment=known.equipment if known else "unknown",
                         dark_polls=known.dark_polls if known else 0,
                     )
@@ -326,7 +342,7 @@ class SiteCore:
                     parent=self.tree.parent.get(name),
                     rating_w=domain.rating_w,
                     capacity_w=allocation.capacity_w[name],
-                    unlimited_w=unlimited[name],
+                    unlimited_w=step.unlimited_w[name],
                     budget_w=allocation.budget_w[name],
                     nominal_w=allocation.nominal_w[name],
                     measured_w=measured.get(name, 0.0),
@@ -348,7 +364,7 @@ class SiteCore:
                 measured_w=seen.power_w if (seen := self.rows.get(row)) else None,
                 limited_by=allocation.limited_by.get(row),
                 origin=seen.budget_origin if seen else None,
-                stale=row in stale,
+                stale=row in step.stale_rows,
             )
             for row, leaf in self.tree.rows.items()
         ]
@@ -362,9 +378,6 @@ class SiteCore:
             rows=tuple(rows[:_REPORT_MAX]),
             truncated=cut,
         )
-
-    def _rows_under(self, name: str) -> list[str]:
-        return [row for row in self.tree.rows if name in self.tree.chain(row)]
 
     def _budget(self, row: str, allocation: Allocation, now_ns: int) -> OutMessage:
         watts = allocation.budget_w[row]

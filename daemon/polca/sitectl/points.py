@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from polca.coord.leadership import Leadership
 from polca.export.points import Point, make_point
-from polca.powertree.capacity import SiteState, capacities_w, feed_up
 from polca.powertree.model import SiteTree
 from polca.sitectl.core import SiteStep
 
@@ -44,13 +43,12 @@ def step_points(
 
 def _domain_points(step: SiteStep, tree: SiteTree, *, site: str, ts_ns: int) -> list[Point]:
     allocation, state = step.allocation, step.state
-    unlimited = capacities_w(tree, SiteState(state.feeds, state.on_battery, state.dark_polls_down))
     out: list[Point] = []
     for name, domain in tree.domains.items():
         up = 0
         for feed in domain.feeds:
             known = state.feeds.get((name, feed.name))
-            is_up = feed_up(feed, known, dark_polls_down=state.dark_polls_down)
+            is_up = step.feeds_up[(name, feed.name)]
             up += 1 if is_up else 0
             out.append(
                 make_point(
@@ -72,7 +70,7 @@ def _domain_points(step: SiteStep, tree: SiteTree, *, site: str, ts_ns: int) -> 
                 tags={"site": site, "domain": name, "kind": domain.kind},
                 fields={
                     "capacity_w": allocation.capacity_w[name],
-                    "unlimited_w": unlimited[name],
+                    "unlimited_w": step.unlimited_w[name],
                     "budget_w": allocation.budget_w[name],
                     "nominal_w": allocation.nominal_w[name],
                     "measured_w": step.measured_w.get(name, 0.0),

@@ -28,7 +28,6 @@ from polca import aiokit, service
 from polca.coord.etcd import elector_for
 from polca.coord.leadership import Leadership
 from polca.export.sink import FanOut, Sink
-from polca.powertree.capacity import feed_up
 from polca.powertree.model import SiteTree
 from polca.sitectl import points
 from polca.sitectl.config import SiteSettings
@@ -114,15 +113,12 @@ class SiteController:
         return stepped
 
     def _log_changes(self, stepped: SiteStep) -> None:
-        allocation, state = stepped.allocation, stepped.state
-        for name, domain in self.core.tree.domains.items():
-            for feed in domain.feeds:
-                key = (name, feed.name)
-                up = feed_up(feed, state.feeds.get(key), dark_polls_down=state.dark_polls_down)
-                if self._feeds_up.get(key, True) != up:
-                    emit = log.info if up else log.warning
-                    emit("feed_changed", domain=name, feed=feed.name, up=up)
-                self._feeds_up[key] = up
+        allocation = stepped.allocation
+        for (name, feed), up in stepped.feeds_up.items():
+            if self._feeds_up.get((name, feed), True) != up:
+                emit = log.info if up else log.warning
+                emit("feed_changed", domain=name, feed=feed, up=up)
+        self._feeds_up = dict(stepped.feeds_up)
         for row in self.core.tree.rows:
             watts, limited_by = allocation.budget_w[row], allocation.limited_by.get(row)
             before = self._budgets.get(row)

@@ -382,6 +382,11 @@ class SourceState(BaseModel):
     )
 
 
+LOST_CONTACT_REASONS = frozenset({"unreachable", "timeout"})
+"""The ``Meter.missing`` reasons of a source that did not answer at all (loss of contact:
+for a meter powered by the feed it measures, the first sign the feed is gone)."""
+
+
 class Meter(_Wire):
     """``{root}/{site}/{row}/meter`` (or a configured topic): row power from a PDU or meter.
 
