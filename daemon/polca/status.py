@@ -8,15 +8,13 @@ only: it never publishes.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from polca.errors import PolcaError, TransportError
 from polca.settings import MqttSettings
-from polca.telemetry.bus import MqttBus
 from polca.telemetry.messages import InMessage
+from polca.telemetry.oneshot import next_message, one_shot_bus
 from polca.telemetry.schema import Control, RowSummary, SchemaError, State, Status, decode
 from polca.telemetry.topics import Topics
 
@@ -241,31 +239,14 @@ async def collect(
         topics.all_nodes(site, "+", "state"),
         topics.aggregator(site, "+", "status"),
     )
-    bus = MqttBus(
-        settings.one_shot(timeout_s),
-        client_id=f"polca-status-{time.time_ns() % 10**9}",
-        subscriptions=[(f, 1) for f in filters],
-        attempts=1,
-    )
     snapshot = Snapshot()
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(bus.run())  # its error (refused, unreachable) ends the group
-            connected = tg.create_task(bus.connected.wait())
-            done, _ = await asyncio.wait({connected}, timeout=timeout_s)
-            if not done:
-                where = settings.where()
-                msg = f"no answer from the MQTT broker {where} within {timeout_s:g} s"
-                raise TransportError(msg)
-            deadline = asyncio.get_running_loop().time() + wait_s
-            while (left := deadline - asyncio.get_running_loop().time()) > 0:
-                try:
-                    async with asyncio.timeout(left):
-                        message = await bus.get()
-                except TimeoutError:
-                    break
-                snapshot.add(topics, message)
-            await bus.close()
-    except* PolcaError as failed:  # the bus's own error, not a group of one
-        raise failed.exceptions[0]  # noqa: B904 - the first failure is the command's
+    async with one_shot_bus(
+        settings,
+        client_id="polca-status",
+        subscriptions=[(f, 1) for f in filters],
+        timeout_s=timeout_s,
+    ) as bus:
+        until = asyncio.get_running_loop().time() + wait_s
+        while (message := await next_message(bus, until)) is not None:
+            snapshot.add(topics, message)  # one at a time: the snapshot bounds what it keeps
     return snapshot

@@ -84,7 +84,8 @@ from polca.settings import (
     load_one_shot_settings,
 )
 from polca.telemetry.bus import MqttBus
-from polca.telemetry.messages import InMessage, OutMessage
+from polca.telemetry.messages import OutMessage
+from polca.telemetry.oneshot import next_message
 from polca.telemetry.schema import MAX_PAYLOAD_BYTES, Assignment, Status, decode, encode
 from polca.telemetry.topics import NodeAddress, Topics
 
@@ -329,17 +330,6 @@ class _Exchange:
         self._loop = asyncio.get_running_loop()
         self._deadline = self._loop.time() + timeout_s
 
-    async def _next(self, until: float) -> InMessage | None:
-        """The next message, or None when none came before ``until`` (loop time)."""
-        left = until - self._loop.time()
-        if left <= 0:
-            return None
-        try:
-            async with asyncio.timeout(left):
-                return await self._bus.get()
-        except TimeoutError:
-            return None
-
     async def run(
         self,
         node: str,
@@ -362,7 +352,7 @@ class _Exchange:
         """The node's place, from its retained status (online first, then the newest)."""
         found: dict[NodeAddress, Status] = {}
         until = self._deadline
-        while (message := await self._next(until)) is not None:
+        while (message := await next_message(self._bus, until)) is not None:
             parsed = self._topics.parse_node(message.topic)
             if parsed is None or parsed[1] != "status" or parsed[0].node != node:
                 continue
@@ -398,7 +388,7 @@ class _Exchange:
         """
         current: Assignment | None = None
         until = min(self._deadline, self._loop.time() + READ_WAIT_S)
-        while (message := await self._next(until)) is not None:
+        while (message := await next_message(self._bus, until)) is not None:
             if message.topic == status_topic:
                 break
             if message.topic == assign_topic:
@@ -421,7 +411,7 @@ class _Exchange:
             lost = False
             until = max(self._deadline, self._loop.time() + ECHO_MIN_S)
             while True:
-                message = await self._next(until)
+                message = await next_message(self._bus, until)
                 if message is None:
                     user = self._settings.username or "anonymous"
                     msg = (

@@ -44,11 +44,11 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from polca import aiokit
 from polca.errors import ConfigError, PolcaError, SchemaError, TransportError
 from polca.exits import (
     EX_CONFIG,
@@ -62,6 +62,7 @@ from polca.exits import (
 from polca.settings import MqttSettings, OneShotSettings, load_one_shot_settings
 from polca.telemetry.bus import MqttBus
 from polca.telemetry.messages import InMessage, OutMessage
+from polca.telemetry.oneshot import gather, next_message, one_shot_bus
 from polca.telemetry.schema import Budget, BudgetLimit, SiteReport, decode, encode
 from polca.telemetry.topics import Topics
 
@@ -225,50 +226,16 @@ def _order(args: argparse.Namespace, mqtt: MqttSettings) -> BudgetLimit:
         raise ConfigError(msg) from None
 
 
-class _Reader:
-    """One command's connection: retained messages in, one limit out."""
-
-    def __init__(self, settings: BudgetSettings, filters: Sequence[str], timeout_s: float) -> None:
-        self.settings = settings
-        self.topics = Topics(settings.topic_root)
-        self.timeout_s = timeout_s
-        self.bus = MqttBus(
-            settings.mqtt.one_shot(timeout_s),
-            client_id=f"polca-budget-{os.getpid()}-{time.time_ns() % 10**6}",
-            subscriptions=[(f, 1) for f in filters],
-            attempts=1,
-        )
-
-    async def connected(self) -> None:
-        if not await aiokit.wait_first(self.bus.connected, self.timeout_s):
-            where = self.settings.mqtt.where()
-            msg = f"no answer from the MQTT broker {where} within {self.timeout_s:g} s"
-            raise TransportError(msg)
-
-    async def gather(self, wait_s: float) -> list[InMessage]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        out: list[InMessage] = []
-        while (left := deadline - loop.time()) > 0:
-            try:
-                async with asyncio.timeout(left):
-                    out.append(await self.bus.get())
-            except TimeoutError:
-                break
-        return out
-
-
-async def _with_bus(reader: _Reader, work: Any) -> Any:
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(reader.bus.run())  # its error (refused, unreachable) ends the group
-            try:
-                await reader.connected()
-                return await work()
-            finally:
-                await reader.bus.close(timeout_s=2.0)
-    except* PolcaError as failed:  # the bus's error or ours, not a group of one
-        raise failed.exceptions[0]  # noqa: B904 - the first failure is the command's
+def _connection(
+    settings: BudgetSettings, filters: Sequence[str], timeout_s: float
+) -> AbstractAsyncContextManager[MqttBus]:
+    """This command's one connection, subscribed to ``filters``."""
+    return one_shot_bus(
+        settings.mqtt,
+        client_id=f"polca-budget-{os.getpid()}",
+        subscriptions=[(f, 1) for f in filters],
+        timeout_s=timeout_s,
+    )
 
 
 def _snapshot(topics: Topics, site: str, messages: Sequence[InMessage]) -> dict[str, Any]:
@@ -302,13 +269,9 @@ def _snapshot(topics: Topics, site: str, messages: Sequence[InMessage]) -> dict[
 async def show(settings: BudgetSettings, *, timeout_s: float) -> dict[str, Any]:
     """The site's report and its rows' budgets, as retained on the broker."""
     topics, site = Topics(settings.topic_root), settings.site
-    reader = _Reader(settings, [topics.site_report(site), topics.budget(site, "+")], timeout_s)
-
-    async def work() -> dict[str, Any]:
-        return _snapshot(topics, site, await reader.gather(READ_WAIT_S))
-
-    result: dict[str, Any] = await _with_bus(reader, work)
-    return result
+    filters = [topics.site_report(site), topics.budget(site, "+")]
+    async with _connection(settings, filters, timeout_s) as bus:
+        return _snapshot(topics, site, await gather(bus, READ_WAIT_S))
 
 
 async def publish_limit(
@@ -317,10 +280,8 @@ async def publish_limit(
     """Check ``order`` against the site's report, publish it, see it back."""
     topics, site = Topics(settings.topic_root), settings.site
     topic = topics.budget_limit(site, order.domain)
-    reader = _Reader(settings, [topics.site_report(site), topic], timeout_s)
-
-    async def work() -> dict[str, Any]:
-        report = _snapshot(topics, site, await reader.gather(READ_WAIT_S))["report"]
+    async with _connection(settings, [topics.site_report(site), topic], timeout_s) as bus:
+        report = _snapshot(topics, site, await gather(bus, READ_WAIT_S))["report"]
         domains = {d.name: d for d in report.domains}
         domain = domains.get(order.domain)
         if domain is None:
@@ -335,18 +296,12 @@ async def publish_limit(
             raise RefusedError(msg)
         payload = encode(order)
         async with asyncio.timeout(timeout_s):
-            sent = await reader.bus.publish(OutMessage(topic, payload, qos=1, retain=True))
+            sent = await bus.publish(OutMessage(topic, payload, qos=1, retain=True))
         if not sent:
             msg = f"the MQTT broker did not acknowledge the limit on {topic}"
             raise TransportError(msg)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(timeout_s, 1.0)
-        while (left := deadline - loop.time()) > 0:
-            try:
-                async with asyncio.timeout(left):
-                    message = await reader.bus.get()
-            except TimeoutError:
-                break
+        until = asyncio.get_running_loop().time() + max(timeout_s, 1.0)
+        while (message := await next_message(bus, until)) is not None:
             if message.topic == topic and message.payload == payload:
                 return {
                     "domain": order.domain,
@@ -356,15 +311,12 @@ async def publish_limit(
                     "reason": order.reason,
                     "topic": topic,
                 }
-        user = settings.mqtt.username or "anonymous"
-        msg = (
-            f"the broker did not take the limit on {topic} (it never came back): {user} "
-            "needs the operator role (deploy/mosquitto/acl: polca-operator)"
-        )
-        raise NotTakenError(msg)
-
-    result: dict[str, Any] = await _with_bus(reader, work)
-    return result
+    user = settings.mqtt.username or "anonymous"
+    msg = (
+        f"the broker did not take the limit on {topic} (it never came back): {user} "
+        "needs the operator role (deploy/mosquitto/acl: polca-operator)"
+    )
+    raise NotTakenError(msg)
 
 
 def _kw(watts: float | None) -> str:
