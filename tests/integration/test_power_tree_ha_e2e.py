@@ -28,7 +28,7 @@ from tests.mqtt_broker import MosquittoProcess
 BUDGET_W, UPS_W, FALLBACK_W = 10_000.0, 8_000.0, 5_000.0
 RACKS = {"rack1": ["node1"]}
 NAMES = ("site-a", "site-b")
-LEASE_S = 8.0
+LEASE_S = 12.0  # half of it bounds a takeover: room for a loaded machine
 
 
 class Pair:

@@ -60,6 +60,11 @@ def _aggregator(tmp_path: Path) -> Aggregator:
             {
                 "name": ROW,
                 "budget_w": 20_000,
+                "fallback_budget_w": 12_000,
+                "feeds": [
+                    {"name": "A", "rating_w": 12_000, "sources": ["pdu-a"]},
+                    {"name": "B", "rating_w": 12_000, "sources": ["pdu-b"]},
+                ],
                 "racks": [{"name": RACK, "nodes": [{"name": NODE}, {"name": "node2"}]}],
             }
         ],
@@ -99,6 +104,7 @@ def _aggregator_topics() -> list[str]:
         topics.row_control(SITE, ROW),
         topics.rack_control(SITE, ROW, RACK),
         topics.meter(SITE, ROW),
+        topics.budget(SITE, ROW),
         topics.cdu(SITE, "cdu1"),
     ]
 
