@@ -204,6 +204,8 @@ async def running(ups_site: UpsSite, mosquitto: MosquittoProcess) -> AsyncIterat
         await wait_until(
             lambda: _budgets_near(probe, NOMINAL_W), timeout_s=30, what="the nominal shares"
         )
+        # The report goes out right after the budgets of the same step: wait for it too.
+        await wait_until(lambda: _ups(_report(probe)) is not None, timeout_s=10, what="a report")
         yield probe
 
 
